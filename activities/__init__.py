@@ -1,0 +1,1 @@
+"""Temporal activities: thin adapters from workflow calls to ``nexuscrm.*``."""

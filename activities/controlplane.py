@@ -1,0 +1,259 @@
+"""Control-plane activities. Each is idempotent (it may run twice) and fenced
+by the lease epoch; domain ``FatalError``s become non-retryable failures.
+
+They are synchronous (SQLAlchemy is), so the worker runs them on a thread
+pool; long ones heartbeat so a dead worker is noticed within the heartbeat
+timeout and the retry lands on a live one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy import Engine
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from nexuscrm.controlplane import (
+    catalog,
+    derived,
+    indexes,
+    lease,
+    markers,
+    metadata,
+    packs_apply,
+    repair,
+    verify,
+)
+from nexuscrm.db.dialect import PERMANENT_DB_ERRORS, describe_error, is_transient
+from nexuscrm.errors import FatalError, VerifyError
+from nexuscrm.log import logged_phase
+from nexuscrm.packs.model import Category
+from nexuscrm.settings import Settings
+from workflows.models import (
+    ApplyPacksRequest,
+    AutoStartDecisionInfo,
+    PhaseRequest,
+    PlannedPackInfo,
+    PlanRequest,
+    RepairRequest,
+    VerifyRequest,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn domain ``FatalError``s into non-retryable ``ApplicationError``s.
+
+    The error type is the exception's class name (``ManifestError``,
+    ``LeaseLostError`` ...), so workflows and operators can tell them apart.
+    Transient database errors propagate and are retried with backoff;
+    other unexpected errors are retried too, up to the policy's attempts.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except FatalError as exc:
+            details: list[Any] = []
+            if isinstance(exc, VerifyError):
+                details = [exc.findings]
+            raise ApplicationError(
+                str(exc), *details, type=type(exc).__name__, non_retryable=True
+            ) from exc
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # Constraint and data errors repeat identically on retry: fail now.
+            raise ApplicationError(
+                describe_error(exc),
+                type=type(exc).__name__,
+                non_retryable=isinstance(exc, PERMANENT_DB_ERRORS),
+            ) from exc
+
+    return wrapper
+
+
+def _plan_info(p: packs_apply.PlannedPack) -> PlannedPackInfo:
+    return PlannedPackInfo(p.name, p.category, p.version, p.payload_hash, p.source, p.objects)
+
+
+class ControlPlaneActivities:
+    """All control-plane activities for one database (``engine``)."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def _dev_sample(self, requested: bool | None) -> bool:
+        return (not self.settings.is_production) if requested is None else requested
+
+    @activity.defn(name="controlplane.acquire_lease")
+    @fatal_is_final
+    def acquire_lease(self, req: PhaseRequest) -> int:
+        """Create the system schema if needed and take a new lease epoch for this run."""
+        metadata.ensure_system_schema(self.engine)
+        return lease.acquire(self.engine, req.run_id, req.operation)
+
+    @activity.defn(name="controlplane.classify_auto_start")
+    @fatal_is_final
+    def classify_auto_start(self, req: PlanRequest) -> AutoStartDecisionInfo:
+        """Port of ApplyAllIfNeeded's classification, plus pack drift and rebuild debt.
+
+        A completed marker is trusted only when no planned pack differs from
+        what is installed (the seed's pending source-revision plan) and no
+        formula-view rebuild is owed.
+        """
+        decision = markers.classify_auto_start(self.engine)
+        if decision.action != markers.AutoStartAction.skip:
+            return AutoStartDecisionInfo(decision.action.value, decision.reason)
+        if markers.rebuild_owed(self.engine):
+            return AutoStartDecisionInfo(
+                "halt_for_migration",
+                "formula view rebuild owed from a deferred apply; run rebuild-derived first",
+            )
+        plan = packs_apply.load_plan(
+            self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
+        )
+        drift = verify.verify_packs(self.engine, verify.expected(plan))
+        if drift:
+            return AutoStartDecisionInfo(
+                "apply", f"completed marker, but packs changed: {'; '.join(drift[:3])}"
+            )
+        return AutoStartDecisionInfo("skip", decision.reason)
+
+    @activity.defn(name="controlplane.mark")
+    @fatal_is_final
+    def mark(self, req: PhaseRequest) -> None:
+        """Write the ApplyAll marker: ``req.phase`` is the status (running, failed, ...)."""
+        with self.engine.begin() as conn:
+            lease.require(conn, req.epoch)
+            status = markers.MarkerStatus(req.phase)
+            if status == markers.MarkerStatus.completed:
+                # Finalization boundary first, as the seed does, then completion.
+                markers.mark(conn, markers.MarkerStatus.finalization_ready, req.run_id, "verify")
+            markers.mark(conn, status, req.run_id, req.operation, req.error)
+
+    @activity.defn(name="controlplane.plan_packs")
+    @fatal_is_final
+    def plan_packs(self, req: PlanRequest) -> list[PlannedPackInfo]:
+        """Load, validate and order every pack of this run (read-only)."""
+        with logged_phase("ApplyAll", "plan-packs"):
+            plan = packs_apply.load_plan(
+                self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
+            )
+            return [_plan_info(p) for p in packs_apply.summarize(plan)]
+
+    @activity.defn(name="controlplane.apply_metadata")
+    @fatal_is_final
+    def apply_metadata(self, req: PhaseRequest) -> str:
+        """ApplyMetadata; returns a one-line summary."""
+        with logged_phase(req.operation, "apply-metadata"):
+            r = metadata.apply_metadata(self.engine, req.epoch)
+        return f"tables created {r.tables_created}, rows written {r.rows_written}"
+
+    @activity.defn(name="controlplane.run_repair")
+    @fatal_is_final
+    def run_repair(self, req: RepairRequest) -> str:
+        """RunRepair; returns step outcomes as one line (failed best-effort steps named)."""
+        with logged_phase("RunRepair", "run-repair"):
+            report = repair.run_repair(
+                self.engine,
+                epoch=req.epoch,
+                fail_closed_on_convergence=req.fail_closed_on_convergence,
+            )
+        parts = [
+            f"{s.name}={s.status}" + (f"({s.changed})" if s.changed else "") for s in report.steps
+        ]
+        return ", ".join(parts)
+
+    @activity.defn(name="controlplane.runner_init")
+    @fatal_is_final
+    def runner_init(self, req: PhaseRequest) -> str:
+        """Load (or validate) the metadata cache against the version stamp."""
+        with logged_phase(req.operation, "runner-init"):
+            cat = catalog.CACHE.get(self.engine)
+        return f"metadata version {cat.version}, {len(cat.objects)} objects"
+
+    @activity.defn(name="controlplane.apply_packs")
+    @fatal_is_final
+    def apply_packs(self, req: ApplyPacksRequest) -> str:
+        """ApplyPacks for the plan; heartbeats once per pack.
+
+        Fails closed (non-retryable) when a source changed since plan-packs:
+        the run must apply exactly what it planned and verified.
+        """
+        with logged_phase("ApplyAll", "apply-packs"):
+            plan = packs_apply.load_plan(
+                self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
+            )
+            if req.only_runtime_required:
+                plan = [p for p in plan if p.category == Category.PlatformCore]
+            now = {p.name: p.payload_hash for p in packs_apply.summarize(plan)}
+            planned = {p.name: p.payload_hash for p in req.planned}
+            if now != planned:
+                changed = sorted(set(now.items()) ^ set(planned.items()))
+                raise FatalError(f"packs changed since plan-packs: {changed}")
+
+            def beat(result: packs_apply.PackApplyResult) -> None:
+                activity.heartbeat(asdict(result))
+
+            results = packs_apply.apply_packs(self.engine, plan, epoch=req.epoch, on_pack=beat)
+        created = sum(r.tables_created for r in results)
+        added = sum(r.columns_added for r in results)
+        rows = sum(r.rows_written for r in results)
+        return f"{len(results)} packs: tables created {created}, columns added {added}, rows {rows}"
+
+    @activity.defn(name="controlplane.rebuild_derived")
+    @fatal_is_final
+    def rebuild_derived(self, req: PhaseRequest) -> list[str]:
+        """RebuildDerived; returns formula problems as ``Object.Field: reason`` lines."""
+        with logged_phase(req.operation, "rebuild-derived"):
+            r = derived.rebuild_derived(self.engine, req.epoch)
+        return [f"{p.object_api_name}.{p.field_api_name}: {p.reason}" for p in r.problems]
+
+    @activity.defn(name="controlplane.ensure_indexes")
+    @fatal_is_final
+    def ensure_indexes(self, req: PhaseRequest) -> str:
+        """EnsureIndexes; heartbeats progress and resumes from the last heartbeat on retry."""
+        details = activity.info().heartbeat_details
+        start_at = int(details[0]) if details else 0
+
+        def beat(done: int, total: int, name: str) -> None:
+            activity.heartbeat(done, total, name)
+
+        with logged_phase(req.operation, "ensure-indexes", resume_at=start_at):
+            r = indexes.ensure_indexes(self.engine, req.epoch, start_at=start_at, progress=beat)
+        return f"{r.total} standard indexes: {r.created} created, {r.existing} present"
+
+    @activity.defn(name="controlplane.verify")
+    @fatal_is_final
+    def verify(self, req: VerifyRequest) -> str:
+        """Verify; any finding raises ``VerifyError`` (non-retryable) listing them."""
+        with logged_phase("ApplyAll", "verify"):
+            findings = verify.verify(self.engine, req.expected_hashes)
+        if findings:
+            raise VerifyError(findings)
+        return "no findings"
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity method, for ``Worker(activities=...)``."""
+        return [
+            self.acquire_lease,
+            self.classify_auto_start,
+            self.mark,
+            self.plan_packs,
+            self.apply_metadata,
+            self.run_repair,
+            self.runner_init,
+            self.apply_packs,
+            self.rebuild_derived,
+            self.ensure_indexes,
+            self.verify,
+        ]

@@ -1,0 +1,159 @@
+"""Bootstrap markers in ``_System_BootstrapState`` (the seed's bootstrapStateStore).
+
+Key ``control_plane_apply_all`` carries the ApplyAll lifecycle:
+``running`` -> ``failed`` | ``finalization_ready`` -> ``completed``; sibling
+mutations set ``invalidated``. Key ``formula_view_rebuild_owed`` is the
+deferred-rebuild receipt (``pending`` / ``cleared``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy import Connection, Engine, func, select
+
+from nexuscrm.clock import utcnow
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import table_names, upsert
+
+APPLY_ALL_KEY = "control_plane_apply_all"
+REBUILD_OWED_KEY = "formula_view_rebuild_owed"
+
+
+class MarkerStatus(StrEnum):
+    """Statuses of the ApplyAll marker."""
+
+    running = "running"
+    failed = "failed"
+    finalization_ready = "finalization_ready"
+    completed = "completed"
+    invalidated = "invalidated"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One ``_System_BootstrapState`` row."""
+
+    key: str
+    run_id: str
+    phase: str
+    status: str
+    last_error: str | None
+
+
+def _write(
+    conn: Connection, key: str, run_id: str, phase: str, status: str, error: str | None
+) -> None:
+    now = utcnow()
+    upsert(
+        conn,
+        t.bootstrap_state,
+        [
+            {
+                "StateKey": key,
+                "RunID": run_id,
+                "Phase": phase,
+                "Status": status,
+                "LastError": error,
+                "CreatedDate": now,
+                "LastModifiedDate": now,
+            }
+        ],
+        ["RunID", "Phase", "Status", "LastError", "LastModifiedDate"],
+    )
+
+
+def mark(
+    conn: Connection, status: MarkerStatus, run_id: str, phase: str, error: str | None = None
+) -> None:
+    """Set the ApplyAll marker (write-ahead: the caller commits before mutating)."""
+    _write(conn, APPLY_ALL_KEY, run_id, phase, status.value, error)
+
+
+def read(bind: Connection | Engine, key: str = APPLY_ALL_KEY) -> Marker | None:
+    """Read one marker; ``None`` when the row or the table itself is absent."""
+    if t.bootstrap_state.name not in table_names(bind):
+        return None
+    with bind.connect() if isinstance(bind, Engine) else _nullctx(bind) as conn:
+        row = (
+            conn.execute(select(t.bootstrap_state).where(t.bootstrap_state.c.StateKey == key))
+            .mappings()
+            .first()
+        )
+    if row is None:
+        return None
+    return Marker(key, row["RunID"], row["Phase"], row["Status"], row["LastError"])
+
+
+class _nullctx:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> Connection:
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def rebuild_owed(bind: Connection | Engine) -> bool:
+    """Port of ``FormulaViewRebuildOwed``: True while a deferred rebuild is pending."""
+    m = read(bind, REBUILD_OWED_KEY)
+    return m is not None and m.status == "pending"
+
+
+def clear_rebuild_owed(conn: Connection) -> None:
+    """Settle the rebuild receipt after a full view rebuild (keeps the row for forensics)."""
+    conn.execute(
+        t.bootstrap_state.update()
+        .where(t.bootstrap_state.c.StateKey == REBUILD_OWED_KEY)
+        .values(Status="cleared", LastModifiedDate=utcnow())
+    )
+
+
+class AutoStartAction(StrEnum):
+    """What container auto-start does (the seed's ``ControlPlaneAutoStart*``)."""
+
+    skip = "skip"
+    apply = "apply"
+    halt_for_migration = "halt_for_migration"
+
+
+@dataclass(frozen=True)
+class AutoStartDecision:
+    """Action plus the reason shown to the operator."""
+
+    action: AutoStartAction
+    reason: str
+
+
+def classify_auto_start(engine: Engine) -> AutoStartDecision:
+    """Port of ``ClassifyControlPlaneAutoStart``.
+
+    - no system tables at all: fresh database -> apply;
+    - metadata rows but no marker: a legacy pre-marker database -> halt, an
+      explicit ``apply-all`` must migrate it first;
+    - marker completed -> skip (the caller still checks pack drift);
+    - any other marker status -> apply.
+    """
+    names = table_names(engine)
+    if t.object_meta.name not in names:
+        return AutoStartDecision(AutoStartAction.apply, "fresh database: no control-plane tables")
+    marker = read(engine)
+    if marker is None:
+        with engine.connect() as conn:
+            count = conn.execute(select(func.count()).select_from(t.object_meta)).scalar_one()
+        if count:
+            return AutoStartDecision(
+                AutoStartAction.halt_for_migration,
+                "legacy database has metadata but no ApplyAll marker",
+            )
+        return AutoStartDecision(AutoStartAction.apply, "no ApplyAll marker yet")
+    if marker.status == MarkerStatus.completed:
+        return AutoStartDecision(AutoStartAction.skip, "full ApplyAll marker is completed")
+    if marker.status == MarkerStatus.finalization_ready:
+        return AutoStartDecision(
+            AutoStartAction.apply, "ApplyAll reached finalization but did not commit completion"
+        )
+    return AutoStartDecision(AutoStartAction.apply, f"ApplyAll marker is {marker.status}")

@@ -1,0 +1,1 @@
+"""Database layer: engine factory, dialect helpers, the ``_System_*`` tables."""

@@ -1,0 +1,228 @@
+"""Every dialect difference in one place: upsert, views, index introspection,
+column types, transient-error classification, reconnect after DDL.
+
+Supported: ``sqlite`` and ``mysql`` (MariaDB, MySQL 8, TiDB through PyMySQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Connection,
+    Date,
+    DateTime,
+    Engine,
+    Numeric,
+    String,
+    Table,
+    Text,
+    Time,
+    inspect,
+    text,
+)
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.sql.expression import Select
+from sqlalchemy.types import TypeEngine
+
+from nexuscrm.packs.model import FieldSpec, FieldType
+
+
+def dialect_name(bind: Connection | Engine) -> str:
+    """``'sqlite'`` or ``'mysql'`` (MariaDB and TiDB report ``mysql``)."""
+    return bind.dialect.name
+
+
+def upsert(
+    conn: Connection,
+    table: Table,
+    rows: Sequence[Mapping[str, Any]],
+    update_columns: Iterable[str],
+) -> None:
+    """Insert ``rows``; on a primary/unique key conflict update ``update_columns``.
+
+    One statement for the whole batch (executemany). No-op for no rows.
+    """
+    if not rows:
+        return
+    cols = list(update_columns)
+    if dialect_name(conn) == "sqlite":
+        stmt_s = sqlite_dialect.insert(table)
+        pk = [c.name for c in table.primary_key.columns]
+        stmt_s = stmt_s.on_conflict_do_update(
+            index_elements=pk, set_={c: stmt_s.excluded[c] for c in cols}
+        )
+        conn.execute(stmt_s, list(rows))
+    else:
+        stmt_m = mysql_dialect.insert(table)
+        stmt_m = stmt_m.on_duplicate_key_update({c: stmt_m.inserted[c] for c in cols})
+        conn.execute(stmt_m, list(rows))
+
+
+def quote(bind: Connection | Engine, identifier: str) -> str:
+    """Quote an (already validated) identifier for raw DDL."""
+    return bind.dialect.identifier_preparer.quote_identifier(identifier)
+
+
+def compile_select(bind: Connection | Engine, select: Select[Any]) -> str:
+    """Render a Select with literal values inlined, as view DDL needs."""
+    return str(select.compile(dialect=bind.dialect, compile_kwargs={"literal_binds": True}))
+
+
+def create_or_replace_view(conn: Connection, name: str, select_sql: str) -> None:
+    """Create or replace view ``name`` as ``select_sql``.
+
+    MySQL family: ``CREATE OR REPLACE VIEW`` (atomic). SQLite has no OR
+    REPLACE for views, so drop then create inside the caller's transaction.
+    """
+    q = quote(conn, name)
+    if dialect_name(conn) == "sqlite":
+        conn.execute(text(f"DROP VIEW IF EXISTS {q}"))
+        conn.execute(text(f"CREATE VIEW {q} AS {select_sql}"))
+    else:
+        conn.execute(text(f"CREATE OR REPLACE VIEW {q} AS {select_sql}"))
+
+
+def drop_view(conn: Connection, name: str) -> None:
+    """Drop view ``name`` if it exists."""
+    conn.execute(text(f"DROP VIEW IF EXISTS {quote(conn, name)}"))
+
+
+def table_names(bind: Connection | Engine) -> set[str]:
+    """Physical base tables of the current database (views excluded)."""
+    return set(inspect(bind).get_table_names())
+
+
+def view_names(bind: Connection | Engine) -> set[str]:
+    """Views of the current database."""
+    return set(inspect(bind).get_view_names())
+
+
+def column_names(bind: Connection | Engine, table: str) -> dict[str, dict[str, Any]]:
+    """Columns of ``table`` keyed by name (each as SQLAlchemy's inspector reports it)."""
+    return {c["name"]: dict(c) for c in inspect(bind).get_columns(table)}
+
+
+def index_names(bind: Connection | Engine, table: str) -> set[str]:
+    """Index names of ``table`` (unique constraints reported as indexes included)."""
+    insp = inspect(bind)
+    names = {str(i["name"]) for i in insp.get_indexes(table) if i.get("name")}
+    names |= {str(u["name"]) for u in insp.get_unique_constraints(table) if u.get("name")}
+    return names
+
+
+def after_ddl(engine: Engine) -> None:
+    """Drop pooled connections after DDL.
+
+    TiDB caches the schema per session; the seed reconnects after every DDL
+    phase (``database.NewConnection()``). Disposing the pool does the same
+    for every engine, at the cost of one reconnect.
+    """
+    if engine.dialect.name == "mysql":
+        engine.dispose()
+
+
+_TRANSIENT_MYSQL_CODES = {
+    1205,  # lock wait timeout
+    1213,  # deadlock
+    2002,  # can't connect
+    2003,  # can't connect
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    8002,  # TiDB: write conflict (retryable)
+    9007,  # TiDB: write conflict
+    8028,  # TiDB: information schema changed
+}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` is a database fault worth retrying with backoff.
+
+    Lock waits, deadlocks, lost connections, TiDB write conflicts, and
+    SQLite ``database is locked``. Anything else (syntax, constraint, missing
+    table) is treated as permanent.
+    """
+    if isinstance(exc, OperationalError | DBAPIError):
+        orig = getattr(exc, "orig", None)
+        args = getattr(orig, "args", ())
+        if args and isinstance(args[0], int) and args[0] in _TRANSIENT_MYSQL_CODES:
+            return True
+        msg = str(orig or exc).lower()
+        return "database is locked" in msg or ("connection" in msg and "lost" in msg)
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+PERMANENT_DB_ERRORS = (IntegrityError, DataError)
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    """One readable line for an error: the driver's message, never bound parameters.
+
+    SQLAlchemy errors otherwise carry the whole statement and its parameters
+    (a pack payload can be megabytes) into markers and workflow failures.
+    """
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        text_ = f"{type(exc.orig).__name__}: {exc.orig}"
+    else:
+        text_ = f"{type(exc).__name__}: {exc}"
+    return text_ if len(text_) <= limit else text_[: limit - 3] + "..."
+
+
+def column_type(field: FieldSpec, dialect: str) -> TypeEngine[Any]:
+    """Physical column type for one stored column of ``field``.
+
+    Mapping (lengths in characters): Text/Picklist/Email/Url VARCHAR(length or
+    255); Phone VARCHAR(40); TextArea VARCHAR(length or 255); LongTextArea,
+    Html and MultiselectPicklist TEXT; Number/Currency/Percent DECIMAL(precision
+    or 18, scale or 0/2/2); Checkbox BOOLEAN; Date, DateTime, Time; Lookup and
+    MasterDetail VARCHAR(36) (record ids); Location DECIMAL(11, scale or 7)
+    per coordinate column; AutoNumber VARCHAR(30).
+
+    Raises ``ValueError`` for formula or Summary fields (they store nothing).
+    """
+    t = field.type
+    if not field.is_stored:
+        raise ValueError(f"field {field.api_name} is computed and has no column")
+    if t in (
+        FieldType.Text,
+        FieldType.Picklist,
+        FieldType.Email,
+        FieldType.Url,
+        FieldType.TextArea,
+    ):
+        n = field.length or 255
+        return Text() if n > 4000 else String(n)
+    if t == FieldType.Phone:
+        return String(40)
+    if t in (FieldType.LongTextArea, FieldType.Html, FieldType.MultiselectPicklist):
+        # Salesforce allows 131,072 characters; MySQL TEXT holds 64 KiB.
+        return Text().with_variant(mysql_dialect.MEDIUMTEXT(), "mysql")
+    if t in (FieldType.Number, FieldType.Currency, FieldType.Percent):
+        default_scale = 0 if t == FieldType.Number else 2
+        scale = field.scale if field.scale is not None else default_scale
+        precision = max(field.precision or 18, scale + 1)
+        return Numeric(precision, scale, asdecimal=True)
+    if t == FieldType.Checkbox:
+        return Boolean(create_constraint=False)
+    if t == FieldType.Date:
+        return Date()
+    if t == FieldType.DateTime:
+        return DateTime()
+    if t == FieldType.Time:
+        return Time()
+    if t in (FieldType.Lookup, FieldType.MasterDetail):
+        return String(36)
+    if t == FieldType.Location:
+        return Numeric(11, field.scale if field.scale is not None else 7, asdecimal=True)
+    if t == FieldType.AutoNumber:
+        return String(30)
+    raise ValueError(f"field {field.api_name}: no column type for {t}")
+
+
+def render_type(bind: Connection | Engine, type_: TypeEngine[Any]) -> str:
+    """The DDL spelling of ``type_`` on this dialect (for ALTER TABLE ADD COLUMN)."""
+    return type_.compile(dialect=bind.dialect)

@@ -1,0 +1,58 @@
+"""Engine factory for SQLite (embedded default) and the MySQL family via PyMySQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url``.
+
+    SQLite: creates the parent folder of the file, enables WAL and foreign
+    keys, and a 30 s busy timeout so a worker and the CLI can share the file.
+    MySQL/MariaDB/TiDB: ``mysql+pymysql://`` (a bare ``mysql://`` is upgraded to
+    PyMySQL), ``pool_pre_ping`` so a connection dropped by a proxy or a TiDB
+    DDL is replaced instead of failing the phase.
+
+    Raises ``ValueError`` for a backend other than sqlite or mysql.
+    """
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        if u.database and u.database != ":memory:":
+            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            u,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            poolclass=NullPool if u.database in (None, "", ":memory:") else None,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    if backend == "mysql":
+        if u.drivername == "mysql":
+            u = u.set(drivername="mysql+pymysql")
+        query = dict(u.query)
+        query.setdefault("charset", "utf8mb4")
+        u = u.set(query=query)
+        return create_engine(u, pool_pre_ping=True, pool_recycle=3600)
+    raise ValueError(
+        f"database URL {u.render_as_string(hide_password=True)!r}: backend {backend!r} is not "
+        "supported (use sqlite:///path or mysql+pymysql://user@host:port/db)"
+    )
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password masked, for logs and errors."""
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,242 @@
+"""The ``_System_*`` tables (SQLAlchemy Core), with the seeds' table and column names.
+
+Connector tables are created now (ApplyMetadata owns all system DDL) so the
+connector runtime only adds behaviour. Column lists of the three WorkItem
+tables match the seed's claim-schema probe
+(``connectorInboundWorkItemClaimSchemaColumns`` and friends) exactly.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+
+system_metadata = MetaData()
+
+# Payloads and errors can exceed TEXT's 64 KiB on MySQL.
+LongText = Text().with_variant(mysql.LONGTEXT(), "mysql")
+
+# VARCHAR(191) keeps utf8mb4 index keys under MySQL's 767-byte limit.
+KEY = 191
+
+
+def _audit() -> list[Column[object]]:
+    return [
+        Column("CreatedDate", DateTime, nullable=True),
+        Column("LastModifiedDate", DateTime, nullable=True),
+    ]
+
+
+bootstrap_state = Table(
+    "_System_BootstrapState",
+    system_metadata,
+    Column("StateKey", String(KEY), primary_key=True),
+    Column("RunID", String(KEY), nullable=False, default=""),
+    Column("Phase", String(KEY), nullable=False, default=""),
+    Column("Status", String(32), nullable=False, default=""),
+    Column("LastError", Text, nullable=True),
+    *_audit(),
+)
+
+migration = Table(
+    "_System_Migration",
+    system_metadata,
+    Column("MigrationKey", String(KEY), primary_key=True),
+    Column("AppliedDate", DateTime, nullable=False),
+    Column("Detail", Text, nullable=True),
+)
+
+installed_pack = Table(
+    "_System_InstalledPack",
+    system_metadata,
+    Column("Id", String(64), primary_key=True),
+    Column("Name", String(128), nullable=False, unique=True),
+    Column("Category", String(32), nullable=False),
+    Column("Version", String(64), nullable=False, default=""),
+    # Upgrade-time default is '' (the seed's MigratePackInstallIdBackfill heals it).
+    Column("PackInstallId", String(64), nullable=False, default=""),
+    Column("Status", String(32), nullable=False),  # installing | active | failed
+    Column("PayloadHash", String(64), nullable=False, default=""),
+    Column("Payload", LongText, nullable=True),
+    Column("Source", Text, nullable=True),
+    Column("LastError", Text, nullable=True),
+    Column("InstalledDate", DateTime, nullable=True),
+    *_audit(),
+)
+
+object_meta = Table(
+    "_System_Object",
+    system_metadata,
+    Column("Id", String(64), primary_key=True),
+    Column("ApiName", String(128), nullable=False, unique=True),
+    Column("Label", String(255), nullable=False, default=""),
+    Column("PluralLabel", String(255), nullable=False, default=""),
+    Column("TableName", String(128), nullable=False),
+    # standard | custom | event | system | discovered
+    Column("TableType", String(32), nullable=False),
+    Column("NameFieldType", String(16), nullable=False, default="Text"),
+    Column("Description", Text, nullable=True),
+    Column("IsCustomized", Boolean, nullable=False, default=False),
+    Column("PackName", String(128), nullable=False, default=""),
+    *_audit(),
+)
+
+field_meta = Table(
+    "_System_Field",
+    system_metadata,
+    Column("Id", String(64), primary_key=True),
+    Column("ObjectId", String(64), nullable=False),
+    Column("ObjectApiName", String(128), nullable=False),
+    Column("ApiName", String(128), nullable=False),
+    Column("Label", String(255), nullable=False, default=""),
+    Column("FieldType", String(32), nullable=False),
+    Column("ColumnNames", String(255), nullable=False, default=""),
+    Column("Length", Integer, nullable=True),
+    Column("Precision", Integer, nullable=True),
+    Column("Scale", Integer, nullable=True),
+    Column("Required", Boolean, nullable=False, default=False),
+    Column("IsUnique", Boolean, nullable=False, default=False),
+    Column("IsExternalId", Boolean, nullable=False, default=False),
+    Column("DefaultValue", Text, nullable=True),
+    Column("ReferenceTo", String(128), nullable=True),
+    Column("RelationshipName", String(128), nullable=True),
+    Column("PicklistValues", Text, nullable=True),
+    Column("Formula", Text, nullable=True),
+    Column("FormulaTreatBlanksAs", String(16), nullable=True),
+    Column("SummarySpec", Text, nullable=True),
+    Column("Description", Text, nullable=True),
+    Column("IsCustomized", Boolean, nullable=False, default=False),
+    Column("PackName", String(128), nullable=False, default=""),
+    Column("Createable", Boolean, nullable=False, default=True),
+    Column("Updateable", Boolean, nullable=False, default=True),
+    *_audit(),
+    UniqueConstraint("ObjectApiName", "ApiName", name="uq_System_Field_Object_Api"),
+)
+
+# Bumped by every metadata writer; every process validates its cache against it.
+metadata_version = Table(
+    "_System_MetadataVersion",
+    system_metadata,
+    Column("Id", Integer, primary_key=True, autoincrement=False),
+    Column("Version", BigInteger, nullable=False),
+    Column("LastModifiedDate", DateTime, nullable=True),
+)
+
+# The fenced lease behind the one-workflow-id-per-database rule.
+controlplane_lease = Table(
+    "_System_ControlPlaneLease",
+    system_metadata,
+    Column("LeaseKey", String(64), primary_key=True),
+    Column("Epoch", BigInteger, nullable=False),
+    Column("Holder", String(KEY), nullable=False, default=""),
+    Column("Operation", String(64), nullable=False, default=""),
+    Column("AcquiredDate", DateTime, nullable=True),
+)
+
+connector_event = Table(
+    "_System_ConnectorEvent",
+    system_metadata,
+    Column("EventId", String(64), primary_key=True),
+    Column("InstalledPackId", String(64), nullable=False),
+    Column("Namespace", String(128), nullable=False, default=""),
+    Column("EventKind", String(128), nullable=False),
+    Column("RouteVersion", Integer, nullable=False, default=1),
+    Column("IdempotencyKey", String(KEY), nullable=False),
+    Column("SourceObject", String(128), nullable=False, default=""),
+    Column("SourceId", String(KEY), nullable=False, default=""),
+    Column("Payload", LongText, nullable=True),
+    Column("ExecutionOwner", String(32), nullable=False, default="work_item"),
+    Column("EnqueueOrdinal", BigInteger, nullable=False, default=0),
+    *_audit(),
+    UniqueConstraint("InstalledPackId", "IdempotencyKey", name="uq_ConnectorEvent_Idem"),
+)
+
+connector_work_item = Table(
+    "_System_ConnectorWorkItem",
+    system_metadata,
+    Column("WorkId", String(64), primary_key=True),
+    Column("EventId", String(64), nullable=False),
+    Column("InstalledPackId", String(64), nullable=False),
+    Column("WorkType", String(64), nullable=False),
+    Column("QueueClass", String(64), nullable=False, default="default"),
+    Column("State", String(32), nullable=False),
+    Column("RunAfter", DateTime, nullable=True),
+    Column("Attempt", Integer, nullable=False, default=0),
+    Column("OwnershipEpoch", BigInteger, nullable=False, default=0),
+    Column("FailureCount", Integer, nullable=False, default=0),
+    Column("FailureClass", String(64), nullable=True),
+    Column("FailureSummary", Text, nullable=True),
+    Column("LastFailureAt", DateTime, nullable=True),
+    Column("ReplayedAt", DateTime, nullable=True),
+    Column("ReplayOfWorkId", String(64), nullable=True),
+    Column("LeaseOwner", String(KEY), nullable=True),
+    Column("LeaseToken", String(64), nullable=True),
+    Column("LeaseUntil", DateTime, nullable=True),
+    Column("SourceLaneKey", String(KEY), nullable=True),
+    Column("TargetMutationLaneKey", String(KEY), nullable=True),
+    Column("Generation", BigInteger, nullable=False, default=0),
+    Column("LaneOrdinal", BigInteger, nullable=False, default=0),
+    Column("ProjectionKey", String(KEY), nullable=True),
+    Column("ProjectionActiveKey", String(KEY), nullable=True),
+    Column("DependencyKind", String(32), nullable=True),
+    Column("DependencyObjectAPIName", String(128), nullable=True),
+    Column("DependencyRecordId", String(64), nullable=True),
+    Column("DependencyKeyHash", String(64), nullable=True),
+    Column("DependencyConnectorOwnerKey", String(KEY), nullable=True),
+    Column("DependencyConnectorNamespace", String(128), nullable=True),
+    Column("DependencyConnectorSourceObject", String(128), nullable=True),
+    Column("DependencyDestinationSlotId", String(128), nullable=True),
+    Column("DependencyConnectorRemoteId", String(KEY), nullable=True),
+    Column("DependencyBlockedAt", DateTime, nullable=True),
+    Column("DependencyProbeAfter", DateTime, nullable=True),
+    Column("TerminalAt", DateTime, nullable=True),
+    *_audit(),
+    Index("ix_ConnectorWorkItem_Claim", "InstalledPackId", "State", "QueueClass", "RunAfter"),
+    Index("ix_ConnectorWorkItem_Lane", "SourceLaneKey", "LaneOrdinal"),
+    Index("ix_ConnectorWorkItem_Dependency", "DependencyKeyHash"),
+)
+
+connector_work_attempt = Table(
+    "_System_ConnectorWorkAttempt",
+    system_metadata,
+    Column("WorkId", String(64), nullable=False),
+    Column("Attempt", Integer, nullable=False),
+    Column("EventId", String(64), nullable=False),
+    Column("FlowExecutionId", String(64), nullable=True),
+    Column("OutcomeState", String(32), nullable=False),
+    Column("PresentedErrorCode", String(64), nullable=True),
+    Column("CauseCode", String(64), nullable=True),
+    Column("CauseCategory", String(64), nullable=True),
+    Column("CauseElementType", String(64), nullable=True),
+    Column("CauseElementName", String(128), nullable=True),
+    Column("Retriable", Boolean, nullable=False, default=False),
+    *_audit(),
+    PrimaryKeyConstraint("WorkId", "Attempt"),
+)
+
+connector_remote_link = Table(
+    "_System_ConnectorRemoteLink",
+    system_metadata,
+    Column("ConnectorOwnerKey", String(128), nullable=False),
+    Column("Namespace", String(128), nullable=False),
+    Column("DestinationObject", String(128), nullable=False),
+    Column("RemoteId", String(128), nullable=False),
+    Column("RecordId", String(64), nullable=False),
+    *_audit(),
+    PrimaryKeyConstraint("ConnectorOwnerKey", "Namespace", "DestinationObject", "RemoteId"),
+)
+
+SYSTEM_TABLES: tuple[Table, ...] = tuple(system_metadata.sorted_tables)

@@ -1,0 +1,849 @@
+"""Salesforce formula -> SQLAlchemy Core expression, with Salesforce's semantics.
+
+Every sub-expression compiles to a :class:`Value`: its formula type, its SQL,
+and an optional *error predicate* that is true on rows where Salesforce would
+raise a runtime error (division by zero, VALUE() of non-numeric text, an
+undefined power).  The finished field is ``CASE WHEN <error> THEN NULL ELSE
+<value> END``: an error blanks the whole field for that row, as Salesforce
+shows ``#Error!``, instead of leaking a partial value through BLANKVALUE or
+ISBLANK.  IF and CASE only count the errors of the branch they take, which is
+what makes Salesforce's documented ``IF(x = 0, 0, y / x)`` idiom safe.
+
+Booleans are SQL predicates inside an expression, with SQL's three-valued
+logic for blanks (a comparison with a blank number is unknown, IF treats
+unknown as false); a Checkbox result is always 0 or 1.
+
+Blank handling follows Salesforce: with BlankAsZero a blank Number, Currency
+or Percent reference reads as 0 (text, date and checkbox references never do);
+blank text is '' everywhere (``&``, ``+``, comparisons, LEN) and a Text result
+of '' reads as NULL.  Text comparison is case-sensitive.  A Percent field is a
+fraction inside formulas (a stored 10 means 10% and reads as 0.1) and a
+Percent result is stored back as a percentage.  Number results are rounded
+half away from zero to the field's scale, when it has one; a formula field
+referenced from another formula is inlined unrounded, the way Salesforce
+inlines referenced formulas into the caller's compiled formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+from nexuscrm.packs.model import (
+    NUMERIC_TYPES,
+    REFERENCE_TYPES,
+    TEXT_TYPES,
+    FieldSpec,
+    FieldType,
+    ObjectSpec,
+)
+
+from .dialects import DialectOps, Expr, html_escape, int_lit, num_lit, ops_for, str_lit
+from .syntax import (
+    BinOp,
+    Bool,
+    Call,
+    FormulaSyntaxError,
+    Node,
+    Null,
+    Num,
+    Ref,
+    Str,
+    UnOp,
+    parse,
+    references,
+)
+
+Pred = ColumnElement[Any]
+
+
+class Kind(StrEnum):
+    """Formula data types (Salesforce's, collapsed to what behaves differently)."""
+
+    NUMBER = "number"
+    TEXT = "text"
+    BOOLEAN = "boolean"
+    DATE = "date"
+    DATETIME = "datetime"
+    TIME = "time"
+    NULL = "null"  # the NULL literal: fits any type
+
+
+class CompileFailure(Exception):
+    """A formula cannot compile; ``field_api_name`` is the formula it belongs to."""
+
+    def __init__(self, field_api_name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field_api_name = field_api_name
+        self.reason = reason
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, *, cycle: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.cycle = cycle
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on SQL expressions builds SQL
+class Value:
+    """A compiled sub-expression.
+
+    ``sql`` is a predicate for BOOLEAN, a scalar otherwise.  ``err`` is true
+    where evaluation fails at run time (None: cannot fail).  ``const`` holds a
+    numeric literal's value so ROUND can fold its digits; ``nonnull`` marks
+    text that is never NULL (literals, concatenations), which needs no
+    COALESCE when concatenated.
+    """
+
+    kind: Kind
+    sql: Expr
+    err: Pred | None = None
+    const: Decimal | None = None
+    nonnull: bool = False
+
+
+STANDARD_KINDS: dict[str, Kind] = {
+    "Id": Kind.TEXT,
+    "Name": Kind.TEXT,
+    "OwnerId": Kind.TEXT,
+    "CreatedDate": Kind.DATETIME,
+    "LastModifiedDate": Kind.DATETIME,
+    "IsDeleted": Kind.BOOLEAN,
+}
+
+
+def kind_of_field_type(ftype: FieldType) -> Kind | None:
+    """The formula type a field of ``ftype`` reads as (None: not readable in a formula)."""
+    if ftype in TEXT_TYPES or ftype in REFERENCE_TYPES:
+        return Kind.TEXT
+    if ftype in NUMERIC_TYPES:
+        return Kind.NUMBER
+    return {
+        FieldType.Checkbox: Kind.BOOLEAN,
+        FieldType.Date: Kind.DATE,
+        FieldType.DateTime: Kind.DATETIME,
+        FieldType.Time: Kind.TIME,
+    }.get(ftype)
+
+
+def _or_errs(*errs: Pred | None) -> Pred | None:
+    present = [e for e in errs if e is not None]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else sa.or_(*present)
+
+
+def _errs_of(*values: Value) -> Pred | None:
+    return _or_errs(*(v.err for v in values))
+
+
+def _bool_value(p: Expr) -> Expr:
+    """Predicate -> 1 / 0 / NULL (keeps 'unknown' unknown)."""
+    return sa.case((p, int_lit(1)), (sa.not_(p), int_lit(0)), else_=sa.null())
+
+
+def _truthy(p: Expr) -> Pred:
+    """Predicate -> never-NULL predicate (unknown counts as false, as a Checkbox does)."""
+    return sa.case((p, int_lit(1)), else_=int_lit(0)) == int_lit(1)
+
+
+_FuncImpl = Callable[["_FormulaCompiler", list[Value], FieldSpec], Value]
+
+
+@dataclass
+class _Function:
+    impl: _FuncImpl
+    min_args: int
+    max_args: int | None  # None: unbounded
+
+
+class _FormulaCompiler:
+    """Compiles the formula fields of one object; one instance per top-level compile."""
+
+    def __init__(self, obj: ObjectSpec, table: sa.Table, dialect: str) -> None:
+        self.obj = obj
+        self.table = table
+        self.ops: DialectOps = ops_for(dialect)
+        self.fields = {f.api_name.lower(): f for f in obj.fields}
+        self.standard = {name.lower(): name for name in STANDARD_KINDS}
+        # Location fields are read through their two numeric columns.
+        self.location_columns: dict[str, str] = {}
+        for f in obj.fields:
+            if f.type == FieldType.Location:
+                for col in f.column_names():
+                    self.location_columns[col.lower()] = col
+        self.stack: list[FieldSpec] = []
+        self.done: dict[str, Value | _Reject] = {}
+
+    # -- entry points ------------------------------------------------------
+    def compile_field(self, f: FieldSpec) -> Expr:
+        """The finished column expression for formula field ``f``."""
+        try:
+            value = self.formula_value(f)
+            out = self.finish(f, value)
+            self._check_renders(out)
+            return out
+        except _Reject as exc:
+            raise CompileFailure(f.api_name, exc.reason) from None
+        except RecursionError:
+            raise CompileFailure(f.api_name, "formula is nested too deeply") from None
+
+    def formula_value(self, f: FieldSpec) -> Value:
+        """The raw (unrounded, unconverted) value of formula field ``f``."""
+        if f.formula is None:
+            raise _Reject(f"field {f.api_name} is not a formula field")
+        key = f.api_name.lower()
+        if any(s.api_name.lower() == key for s in self.stack):
+            start = next(i for i, s in enumerate(self.stack) if s.api_name.lower() == key)
+            chain = [s.api_name for s in self.stack[start:]] + [f.api_name]
+            raise _Reject("formula cycle: " + " -> ".join(chain), cycle=True)
+        cached = self.done.get(key)
+        if isinstance(cached, _Reject):
+            raise cached
+        if cached is not None:
+            return cached
+        self.stack.append(f)
+        try:
+            try:
+                tree = parse(f.formula)
+            except FormulaSyntaxError as exc:
+                raise _Reject(str(exc)) from None
+            value = self.expr(tree, f)
+            self._check_result_kind(f, value)
+        except _Reject as exc:
+            if not exc.cycle:
+                self.done[key] = exc
+            raise
+        finally:
+            self.stack.pop()
+        self.done[key] = value
+        return value
+
+    def _check_renders(self, out: Expr) -> None:
+        # SQLAlchemy renders nested expressions recursively; a formula that
+        # compiles but cannot be rendered would break the whole view's DDL.
+        try:
+            out.compile(dialect=self.ops.sa_dialect(), compile_kwargs={"literal_binds": True})
+        except RecursionError:
+            raise _Reject("formula is nested too deeply to render as SQL") from None
+
+    def _check_result_kind(self, f: FieldSpec, value: Value) -> None:
+        want = kind_of_field_type(f.type)
+        if want is None:
+            raise _Reject(f"a {f.type} field cannot hold a formula result")
+        if value.kind not in (want, Kind.NULL):
+            raise _Reject(
+                f"formula returns {value.kind} but field {f.api_name} is {f.type} ({want})"
+            )
+
+    def finish(self, f: FieldSpec, value: Value) -> Expr:
+        """Convert a raw value to what the view column stores for ``f``'s type."""
+        ops = self.ops
+        want = kind_of_field_type(f.type)
+        out: Expr
+        if value.kind == Kind.NULL:
+            out = sa.null()
+        elif want == Kind.TEXT:
+            out = ops.blank_to_null(value.sql)
+        elif want == Kind.NUMBER:
+            out = value.sql
+            if f.type == FieldType.Percent:
+                out = ops.number(out) * int_lit(100)
+            if f.scale is not None:
+                out = ops.round(out, int_lit(f.scale), f.scale)
+        elif want == Kind.BOOLEAN:
+            out = sa.case((value.sql, int_lit(1)), else_=int_lit(0))
+        else:
+            out = value.sql
+        if value.err is not None:
+            out = sa.case((value.err, sa.null()), else_=out)
+        return sa.type_coerce(out, self._result_type(want))
+
+    def _result_type(self, kind: Kind | None) -> sa.types.TypeEngine[Any]:
+        sqlite = self.ops.name == "sqlite"
+        if kind == Kind.NUMBER:
+            return sa.Float() if sqlite else sa.Numeric()
+        if kind == Kind.BOOLEAN:
+            return sa.Integer()
+        if kind == Kind.DATE and not sqlite:
+            return sa.Date()
+        if kind == Kind.DATETIME and not sqlite:
+            return sa.DateTime()
+        if kind == Kind.TIME and not sqlite:
+            return sa.Time()
+        return sa.String()
+
+    # -- expressions -------------------------------------------------------
+    def expr(self, node: Node, scope: FieldSpec) -> Value:
+        """Compile one AST node in the scope of formula field ``scope``."""
+        if isinstance(node, Num):
+            return Value(Kind.NUMBER, num_lit(node.text), const=Decimal(node.text))
+        if isinstance(node, Str):
+            return Value(Kind.TEXT, str_lit(node.value), nonnull=True)
+        if isinstance(node, Bool):
+            return Value(Kind.BOOLEAN, sa.true() if node.value else sa.false())
+        if isinstance(node, Null):
+            return Value(Kind.NULL, sa.null())
+        if isinstance(node, Ref):
+            return self.reference(node, scope)
+        if isinstance(node, UnOp):
+            return self.unary(node, scope)
+        if isinstance(node, BinOp):
+            return self.binary(node, scope)
+        return self.call(node, scope)
+
+    def reference(self, node: Ref, scope: FieldSpec) -> Value:
+        """A same-object field reference (case-insensitive)."""
+        name = node.parts[0]
+        if name.startswith("$"):
+            raise _Reject(f"global variable {node.dotted!r} is not supported")
+        if len(node.parts) > 1:
+            raise _Reject(
+                f"cross-object reference {node.dotted!r} is not supported: "
+                f"a formula on {self.obj.api_name} can only use its own fields"
+            )
+        key = name.lower()
+        blank_as_zero = scope.formula_treat_blanks_as == "BlankAsZero"
+        if key in self.standard:
+            col_name = self.standard[key]
+            return self._column_value(col_name, STANDARD_KINDS[col_name], blank_as_zero)
+        if key in self.location_columns:
+            return self._column_value(self.location_columns[key], Kind.NUMBER, blank_as_zero)
+        target = self.fields.get(key)
+        if target is None:
+            raise _Reject(f"unknown field {name!r} on {self.obj.api_name}")
+        if target.is_formula:
+            return self._inline(target, blank_as_zero)
+        if target.type == FieldType.Location:
+            raise _Reject(
+                f"location field {target.api_name} can only be used through its "
+                "__Latitude__s / __Longitude__s columns"
+            )
+        if target.type == FieldType.Summary:
+            raise _Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
+        kind = kind_of_field_type(target.type)
+        if kind is None:  # pragma: no cover - every stored type maps to a kind
+            raise _Reject(f"field {target.api_name} of type {target.type} cannot be used")
+        value = self._column_value(target.api_name, kind, blank_as_zero)
+        if target.type == FieldType.Percent:
+            # Salesforce formulas see percents as fractions: 10 (%) reads as 0.1.
+            value = Value(Kind.NUMBER, self.ops.number(value.sql) * num_lit("0.01"))
+        return value
+
+    def _column_value(self, col_name: str, kind: Kind, blank_as_zero: bool) -> Value:
+        col = self.table.c.get(col_name)
+        if col is None:
+            raise _Reject(f"column {col_name} is missing from table {self.table.name}")
+        if kind == Kind.NUMBER:
+            sql: Expr = self.ops.number(col)
+            if blank_as_zero:
+                sql = sa.func.coalesce(sql, int_lit(0))
+            return Value(kind, self.ops.number(sql))
+        if kind == Kind.BOOLEAN:
+            # A checkbox is never blank: NULL storage reads as false.
+            return Value(
+                kind, sa.func.coalesce(sa.type_coerce(col, sa.Integer()), int_lit(0)) == int_lit(1)
+            )
+        return Value(kind, col)
+
+    def _inline(self, target: FieldSpec, blank_as_zero: bool) -> Value:
+        try:
+            inner = self.formula_value(target)
+        except _Reject as exc:
+            if exc.cycle:
+                raise
+            raise _Reject(
+                f"referenced formula field {target.api_name} fails: {exc.reason}"
+            ) from None
+        kind = inner.kind
+        if kind == Kind.NULL:
+            kind = kind_of_field_type(target.type) or Kind.NULL
+        sql = inner.sql
+        if kind == Kind.NUMBER and blank_as_zero:
+            sql = self.ops.number(sa.func.coalesce(sql, int_lit(0)))
+        elif kind == Kind.BOOLEAN:
+            sql = _truthy(sql)
+        return Value(kind, sql, inner.err)
+
+    # -- operators ---------------------------------------------------------
+    def unary(self, node: UnOp, scope: FieldSpec) -> Value:
+        """Unary minus / plus on a number."""
+        if node.op == "&":
+            raise _Reject("syntax error: '&' needs a left operand")
+        operand = self.expr(node.operand, scope)
+        if operand.kind == Kind.NULL:
+            return Value(Kind.NUMBER, sa.null())
+        if operand.kind != Kind.NUMBER:
+            raise _Reject(f"unary {node.op!r} needs a number, got {operand.kind}")
+        if node.op == "+":
+            return operand
+        const = -operand.const if operand.const is not None else None
+        return Value(Kind.NUMBER, -self.ops.number(operand.sql), operand.err, const)
+
+    def binary(self, node: BinOp, scope: FieldSpec) -> Value:
+        """Binary operators: arithmetic, concatenation, comparison, && and ||."""
+        left = self.expr(node.left, scope)
+        right = self.expr(node.right, scope)
+        op = node.op
+        if op in ("&&", "||"):
+            for side in (left, right):
+                if side.kind not in (Kind.BOOLEAN, Kind.NULL):
+                    raise _Reject(f"operator {op!r} needs booleans, got {side.kind}")
+            combine = sa.and_ if op == "&&" else sa.or_
+            return Value(Kind.BOOLEAN, combine(left.sql, right.sql), _errs_of(left, right))
+        if op in ("=", "==", "!=", "<>", "<", "<=", ">", ">="):
+            return self.compare(op, left, right)
+        if op == "&":
+            return self.concat(op, left, right)
+        if op == "+" and Kind.TEXT in (left.kind, right.kind):
+            return self.concat(op, left, right)
+        return self.arithmetic(op, left, right)
+
+    def concat(self, op: str, left: Value, right: Value) -> Value:
+        """Text concatenation; blank text is ''."""
+        for side in (left, right):
+            if side.kind not in (Kind.TEXT, Kind.NULL):
+                raise _Reject(
+                    f"operator {op!r} cannot combine {left.kind} and {right.kind}"
+                    + ("; use TEXT() to convert" if op == "&" else "")
+                )
+        sql = self.ops.concat([self.text_piece(left), self.text_piece(right)])
+        return Value(Kind.TEXT, sql, _errs_of(left, right), nonnull=True)
+
+    def arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        """``+ - * / ^`` on numbers, and the date/datetime forms of ``+`` and ``-``."""
+        ops = self.ops
+        lk, rk = left.kind, right.kind
+        err = _errs_of(left, right)
+        mismatch = _Reject(f"operator {op!r} cannot combine {lk} and {rk}")
+        temporal = (Kind.DATE, Kind.DATETIME)
+        if op in ("+", "-") and (lk in temporal or rk in temporal):
+            if op == "+" and rk in temporal and lk in (Kind.NUMBER, Kind.NULL):
+                left, right = right, left  # number + date == date + number
+                lk, rk = rk, lk
+            if lk in temporal and rk in (Kind.NUMBER, Kind.NULL):
+                days = ops.number(right.sql)
+                if op == "-":
+                    days = -days
+                if lk == Kind.DATE:
+                    return Value(Kind.DATE, ops.date_add(left.sql, days), err)
+                return Value(Kind.DATETIME, ops.datetime_add(left.sql, days), err)
+            if op == "-" and lk == rk:
+                if lk == Kind.DATE:
+                    return Value(Kind.NUMBER, ops.date_diff(left.sql, right.sql), err)
+                return Value(Kind.NUMBER, ops.datetime_diff(left.sql, right.sql), err)
+            if op == "-" and lk in temporal and rk == Kind.NULL:
+                return Value(Kind.NUMBER, sa.null(), err)
+            raise mismatch
+        for k in (lk, rk):
+            if k not in (Kind.NUMBER, Kind.NULL):
+                raise mismatch
+        a, b = ops.number(left.sql), ops.number(right.sql)
+        if op == "+":
+            return Value(Kind.NUMBER, ops.number(a + b), err)
+        if op == "-":
+            return Value(Kind.NUMBER, ops.number(a - b), err)
+        if op == "*":
+            return Value(Kind.NUMBER, ops.number(a * b), err)
+        if op == "/":
+            # Division by zero is a Salesforce runtime error: blank field, not a failed query.
+            return Value(Kind.NUMBER, ops.number(ops.divide(a, b)), _or_errs(err, b == int_lit(0)))
+        if op == "^":
+            value, undefined = ops.power(a, b)
+            return Value(Kind.NUMBER, ops.number(value), _or_errs(err, undefined))
+        raise _Reject(f"unknown operator {op!r}")  # pragma: no cover - grammar limits ops
+
+    def compare(self, op: str, left: Value, right: Value) -> Value:
+        """Comparison of two values of the same type (NULL fits any)."""
+        real = {left.kind, right.kind} - {Kind.NULL}
+        if len(real) > 1:
+            raise _Reject(f"operator {op!r} cannot compare {left.kind} and {right.kind}")
+        kind = real.pop() if real else Kind.NULL
+        err = _errs_of(left, right)
+        if kind == Kind.BOOLEAN:
+            if op not in ("=", "==", "!=", "<>"):
+                raise _Reject(f"operator {op!r} cannot compare booleans")
+            a, b = _bool_value(left.sql), _bool_value(right.sql)
+        elif kind == Kind.TEXT or kind == Kind.NULL:
+            a, b = self.ops.text_cmp_operand(left.sql), self.ops.text_cmp_operand(right.sql)
+        elif kind in (Kind.DATE, Kind.DATETIME, Kind.TIME):
+            a = self.ops.temporal_cmp_operand(left.sql, kind.value)
+            b = self.ops.temporal_cmp_operand(right.sql, kind.value)
+        else:
+            a, b = self.ops.number(left.sql), self.ops.number(right.sql)
+        pred: Pred
+        if op in ("=", "=="):
+            pred = a == b
+        elif op in ("!=", "<>"):
+            pred = a != b
+        elif op == "<":
+            pred = a < b
+        elif op == "<=":
+            pred = a <= b
+        elif op == ">":
+            pred = a > b
+        else:
+            pred = a >= b
+        return Value(Kind.BOOLEAN, pred, err)
+
+    def _equals(self, left: Value, right: Value) -> Pred:
+        return self.compare("=", left, right).sql
+
+    @staticmethod
+    def _unify(kinds: list[Kind], what: str) -> Kind:
+        real = [k for k in kinds if k != Kind.NULL]
+        if not real:
+            return Kind.NULL
+        if any(k != real[0] for k in real):
+            shown = ", ".join(str(k) for k in kinds)
+            raise _Reject(f"{what} must have one type, got {shown}")
+        return real[0]
+
+    def _as_kind(self, value: Value, kind: Kind) -> Expr:
+        """A value's SQL in 'scalar' form (booleans as 1/0/NULL) for CASE results."""
+        if kind == Kind.BOOLEAN and value.kind == Kind.BOOLEAN:
+            return _bool_value(value.sql)
+        return value.sql
+
+    def _from_scalar(self, kind: Kind, sql: Expr, err: Pred | None) -> Value:
+        if kind == Kind.BOOLEAN:
+            return Value(kind, sql == int_lit(1), err)
+        if kind == Kind.NUMBER:
+            sql = self.ops.number(sql)
+        return Value(kind, sql, err)
+
+    # -- functions ---------------------------------------------------------
+    def call(self, node: Call, scope: FieldSpec) -> Value:
+        """A function call: checks the name and argument count, then dispatches."""
+        spec = _FUNCTIONS.get(node.name)
+        if spec is None:
+            raise _Reject(f"unknown function {node.name}()")
+        n = len(node.args)
+        if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
+            raise _Reject(f"{node.name}() takes {_arity(spec)}, got {n}")
+        args = [self.expr(a, scope) for a in node.args]
+        try:
+            return spec.impl(self, args, scope)
+        except _ArgType as exc:
+            raise _Reject(f"{node.name}() {exc.reason}") from None
+
+    def need(self, value: Value, position: int, *kinds: Kind) -> None:
+        """Check an argument's type (NULL always fits)."""
+        if value.kind not in (*kinds, Kind.NULL):
+            wanted = " or ".join(str(k) for k in kinds)
+            raise _ArgType(f"argument {position} must be {wanted}, got {value.kind}")
+
+    @staticmethod
+    def text_piece(value: Value) -> Expr:
+        """A text value ready for concatenation: blank as ''."""
+        if value.nonnull:
+            return value.sql
+        return sa.func.coalesce(value.sql, str_lit(""))
+
+
+class _ArgType(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _arity(spec: _Function) -> str:
+    lo, hi = spec.min_args, spec.max_args
+    if hi is None:
+        return f"at least {lo} argument{'s' if lo != 1 else ''}"
+    if lo == hi:
+        return f"{lo} argument{'s' if lo != 1 else ''}"
+    return f"{lo} to {hi} arguments"
+
+
+# -- function implementations ---------------------------------------------
+
+
+def _fn_if(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    cond, then, other = args
+    c.need(cond, 1, Kind.BOOLEAN)
+    kind = c._unify([then.kind, other.kind], "IF() branches")
+    sql = sa.case((cond.sql, c._as_kind(then, kind)), else_=c._as_kind(other, kind))
+    branch_err = None
+    if then.err is not None or other.err is not None:
+        branch_err = sa.case(
+            (cond.sql, then.err if then.err is not None else sa.false()),
+            else_=other.err if other.err is not None else sa.false(),
+        )
+    return c._from_scalar(kind, sql, _or_errs(cond.err, branch_err))
+
+
+def _fn_case(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    if len(args) % 2 != 0:
+        raise _ArgType(
+            "takes an expression, value/result pairs and an else result "
+            f"(an even number of arguments), got {len(args)}"
+        )
+    subject, pairs, default = args[0], args[1:-1], args[-1]
+    values, results = pairs[0::2], pairs[1::2]
+    c._unify([subject.kind, *(v.kind for v in values)], "CASE() values")
+    kind = c._unify([*(r.kind for r in results), default.kind], "CASE() results")
+    whens = [
+        (c._equals(subject, v), c._as_kind(r, kind)) for v, r in zip(values, results, strict=True)
+    ]
+    sql = sa.case(*whens, else_=c._as_kind(default, kind))
+    branch_err = None
+    if any(r.err is not None for r in results) or default.err is not None:
+        branch_err = sa.case(
+            *(
+                (c._equals(subject, v), r.err if r.err is not None else sa.false())
+                for v, r in zip(values, results, strict=True)
+            ),
+            else_=default.err if default.err is not None else sa.false(),
+        )
+    return c._from_scalar(kind, sql, _or_errs(_errs_of(subject, *values), branch_err))
+
+
+def _fn_and(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    for i, a in enumerate(args, 1):
+        c.need(a, i, Kind.BOOLEAN)
+    return Value(Kind.BOOLEAN, sa.and_(*(a.sql for a in args)), _errs_of(*args))
+
+
+def _fn_or(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    for i, a in enumerate(args, 1):
+        c.need(a, i, Kind.BOOLEAN)
+    return Value(Kind.BOOLEAN, sa.or_(*(a.sql for a in args)), _errs_of(*args))
+
+
+def _fn_not(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (a,) = args
+    c.need(a, 1, Kind.BOOLEAN)
+    return Value(Kind.BOOLEAN, sa.not_(a.sql), a.err)
+
+
+def _is_blank(c: _FormulaCompiler, a: Value) -> Pred:
+    if a.kind == Kind.TEXT:
+        return c.ops.is_blank_text(a.sql)
+    if a.kind == Kind.BOOLEAN:
+        return _bool_value(a.sql).is_(None)
+    return a.sql.is_(None)
+
+
+def _fn_isblank(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (a,) = args
+    return Value(Kind.BOOLEAN, _is_blank(c, a), a.err)
+
+
+def _fn_isnull(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (a,) = args
+    if a.kind == Kind.TEXT:
+        # Documented: "Text fields are never null, so using ISNULL with a text
+        # field always returns false."
+        return Value(Kind.BOOLEAN, sa.false(), a.err)
+    return Value(Kind.BOOLEAN, _is_blank(c, a), a.err)
+
+
+def _fn_blankvalue(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    a, alt = args
+    kind = c._unify([a.kind, alt.kind], "BLANKVALUE() arguments")
+    blank = _is_blank(c, a)
+    sql = sa.case((blank, c._as_kind(alt, kind)), else_=c._as_kind(a, kind))
+    alt_err = sa.case((blank, alt.err), else_=sa.false()) if alt.err is not None else None
+    return c._from_scalar(kind, sql, _or_errs(a.err, alt_err))
+
+
+def _fn_nullvalue(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    a, alt = args
+    kind = c._unify([a.kind, alt.kind], "NULLVALUE() arguments")
+    if a.kind == Kind.TEXT:
+        # Text is never null in Salesforce, so NULLVALUE returns it unchanged.
+        return Value(Kind.TEXT, a.sql, a.err)
+    null = _is_blank(c, a)
+    sql = sa.case((null, c._as_kind(alt, kind)), else_=c._as_kind(a, kind))
+    alt_err = sa.case((null, alt.err), else_=sa.false()) if alt.err is not None else None
+    return c._from_scalar(kind, sql, _or_errs(a.err, alt_err))
+
+
+def _fn_today(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    return Value(Kind.DATE, c.ops.today())
+
+
+def _fn_now(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    return Value(Kind.DATETIME, c.ops.now())
+
+
+def _fn_text(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (a,) = args
+    ops = c.ops
+    converters: dict[Kind, Callable[[Expr], Expr]] = {
+        Kind.NUMBER: ops.number_to_text,
+        Kind.DATE: ops.date_to_text,
+        Kind.DATETIME: ops.datetime_to_text,
+        Kind.TIME: ops.time_to_text,
+    }
+    if a.kind == Kind.BOOLEAN:
+        raise _ArgType("cannot convert a boolean; use IF(x, 'true', 'false')")
+    if a.kind in (Kind.TEXT, Kind.NULL):
+        # Salesforce allows TEXT() on picklists; other text passes through unchanged.
+        return Value(Kind.TEXT, a.sql, a.err)
+    return Value(Kind.TEXT, converters[a.kind](a.sql), a.err)
+
+
+def _fn_value(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (a,) = args
+    c.need(a, 1, Kind.TEXT)
+    if a.kind == Kind.NULL:
+        return Value(Kind.NUMBER, sa.null(), a.err)
+    value, invalid = c.ops.text_to_number(a.sql)
+    return Value(Kind.NUMBER, c.ops.number(value), _or_errs(a.err, invalid))
+
+
+def _fn_round(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    x, digits = args
+    c.need(x, 1, Kind.NUMBER)
+    c.need(digits, 2, Kind.NUMBER)
+    const = int(digits.const) if digits.const is not None else None
+    sql = c.ops.round(x.sql, digits.sql, const)
+    return Value(Kind.NUMBER, c.ops.number(sql), _errs_of(x, digits))
+
+
+def _fn_abs(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (x,) = args
+    c.need(x, 1, Kind.NUMBER)
+    return Value(Kind.NUMBER, c.ops.number(sa.func.abs(x.sql)), x.err)
+
+
+def _fn_len(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (x,) = args
+    c.need(x, 1, Kind.TEXT)
+    length = sa.func.coalesce(c.ops.length(x.sql), int_lit(0))
+    return Value(Kind.NUMBER, c.ops.number(length), x.err)
+
+
+def _fn_upper(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (x,) = args
+    c.need(x, 1, Kind.TEXT)
+    return Value(Kind.TEXT, sa.func.upper(x.sql), x.err)
+
+
+def _fn_lower(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    (x,) = args
+    c.need(x, 1, Kind.TEXT)
+    return Value(Kind.TEXT, sa.func.lower(x.sql), x.err)
+
+
+def _fn_ispickval(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    field_value, literal = args
+    c.need(field_value, 1, Kind.TEXT)
+    c.need(literal, 2, Kind.TEXT)
+    return c.compare("=", field_value, literal)
+
+
+def _fn_image(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    url, alt = args[0], args[1]
+    c.need(url, 1, Kind.TEXT)
+    c.need(alt, 2, Kind.TEXT)
+    # Salesforce renders <img src="..." alt="..." height="h" width="w" border="0"/>;
+    # the values are HTML-escaped because they come from record data.
+    pieces: list[Expr] = [
+        str_lit('<img src="'),
+        html_escape(c.text_piece(url)),
+        str_lit('" alt="'),
+        html_escape(c.text_piece(alt)),
+    ]
+    for position, (attr, dim) in enumerate(zip(("height", "width"), args[2:], strict=False), 3):
+        c.need(dim, position, Kind.NUMBER)
+        size = Value(Kind.TEXT, c.ops.number_to_text(dim.sql))
+        pieces += [str_lit(f'" {attr}="'), c.text_piece(size)]
+    pieces.append(str_lit('" border="0"/>'))
+    return Value(Kind.TEXT, c.ops.concat(pieces), _errs_of(*args), nonnull=True)
+
+
+def _fn_hyperlink(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    url, label = args[0], args[1]
+    c.need(url, 1, Kind.TEXT)
+    c.need(label, 2, Kind.TEXT)
+    # No target: Salesforce opens the link in a new window (_blank).
+    target: Expr = str_lit("_blank")
+    if len(args) == 3:
+        c.need(args[2], 3, Kind.TEXT)
+        target = sa.func.coalesce(sa.func.nullif(args[2].sql, str_lit("")), str_lit("_blank"))
+    pieces = [
+        str_lit('<a href="'),
+        html_escape(c.text_piece(url)),
+        str_lit('" target="'),
+        html_escape(target),
+        str_lit('">'),
+        html_escape(c.text_piece(label)),
+        str_lit("</a>"),
+    ]
+    return Value(Kind.TEXT, c.ops.concat(pieces), _errs_of(*args), nonnull=True)
+
+
+_FUNCTIONS: dict[str, _Function] = {
+    "IF": _Function(_fn_if, 3, 3),
+    "CASE": _Function(_fn_case, 4, None),
+    "AND": _Function(_fn_and, 1, None),
+    "OR": _Function(_fn_or, 1, None),
+    "NOT": _Function(_fn_not, 1, 1),
+    "ISBLANK": _Function(_fn_isblank, 1, 1),
+    "ISNULL": _Function(_fn_isnull, 1, 1),
+    "BLANKVALUE": _Function(_fn_blankvalue, 2, 2),
+    "NULLVALUE": _Function(_fn_nullvalue, 2, 2),
+    "TODAY": _Function(_fn_today, 0, 0),
+    "NOW": _Function(_fn_now, 0, 0),
+    "TEXT": _Function(_fn_text, 1, 1),
+    "VALUE": _Function(_fn_value, 1, 1),
+    "ROUND": _Function(_fn_round, 2, 2),
+    "ABS": _Function(_fn_abs, 1, 1),
+    "LEN": _Function(_fn_len, 1, 1),
+    "UPPER": _Function(_fn_upper, 1, 1),
+    "LOWER": _Function(_fn_lower, 1, 1),
+    "ISPICKVAL": _Function(_fn_ispickval, 2, 2),
+    "IMAGE": _Function(_fn_image, 2, 4),
+    "HYPERLINK": _Function(_fn_hyperlink, 2, 3),
+}
+
+SUPPORTED_FUNCTIONS: tuple[str, ...] = tuple(sorted(_FUNCTIONS))
+
+
+def compile_field(obj: ObjectSpec, f: FieldSpec, table: sa.Table, dialect: str) -> Expr:
+    """Compile formula field ``f`` of ``obj`` against ``table`` for ``dialect``.
+
+    Raises ``CompileFailure`` (wrapped as ``FormulaError`` by the package API).
+    """
+    return _FormulaCompiler(obj, table, dialect).compile_field(f)
+
+
+def dependencies(obj: ObjectSpec) -> dict[str, set[str]]:
+    """Formula field -> same-object names it references directly.
+
+    Names are canonical (as declared) when they resolve, as written otherwise;
+    dotted and ``$`` references are left out; an unparseable formula maps to
+    an empty set (compiling it reports the syntax error).
+    """
+    canonical: dict[str, str] = {name.lower(): name for name in STANDARD_KINDS}
+    for f in obj.fields:
+        canonical[f.api_name.lower()] = f.api_name
+        if f.type == FieldType.Location:
+            for col in f.column_names():
+                canonical[col.lower()] = col
+    out: dict[str, set[str]] = {}
+    for f in obj.fields:
+        if f.formula is None:
+            continue
+        try:
+            tree = parse(f.formula)
+        except (FormulaSyntaxError, RecursionError):
+            out[f.api_name] = set()
+            continue
+        names = set()
+        for ref in references(tree):
+            if len(ref.parts) != 1 or ref.parts[0].startswith("$"):
+                continue
+            names.add(canonical.get(ref.parts[0].lower(), ref.parts[0]))
+        out[f.api_name] = names
+    return out

@@ -1,0 +1,419 @@
+"""Per-dialect SQL for the operations plain SQL spells differently.
+
+Storage the compiler expects (DESIGN.md's conventions):
+
+========  ===================================  ======================
+type      SQLite                               MySQL / MariaDB / TiDB
+========  ===================================  ======================
+Date      TEXT ``'YYYY-MM-DD'``                DATE
+DateTime  TEXT ``'YYYY-MM-DD HH:MM:SS'`` (UTC)  DATETIME (UTC)
+Time      TEXT ``'HH:MM:SS[.fff]'``             TIME
+Checkbox  INTEGER 0/1                          BOOLEAN (TINYINT 0/1)
+Number    NUMERIC (REAL/INTEGER)               DECIMAL or DOUBLE
+========  ===================================  ======================
+
+``TODAY()`` and ``NOW()`` are the current UTC date and timestamp on both
+dialects: a view has no user, so there is no user time zone to apply, and the
+server's local zone differs between hosts while UTC does not.
+
+SQLite needs a build with the math functions (``power``, ``log10``), which
+every SQLite >= 3.35 that Python ships has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import FunctionElement
+
+Expr = ColumnElement[Any]
+
+
+class _IntervalDay(FunctionElement[Any]):
+    """``INTERVAL <expr> DAY`` for MySQL ``DATE_ADD`` (SQLAlchemy has no construct)."""
+
+    name = "interval_day"
+    inherit_cache = True
+
+
+class _IntervalSecond(FunctionElement[Any]):
+    """``INTERVAL <expr> SECOND``."""
+
+    name = "interval_second"
+    inherit_cache = True
+
+
+@compiles(_IntervalDay)
+def _compile_interval_day(element: _IntervalDay, compiler: Any, **kw: Any) -> str:
+    return f"INTERVAL {compiler.process(element.clauses, **kw)} DAY"
+
+
+@compiles(_IntervalSecond)
+def _compile_interval_second(element: _IntervalSecond, compiler: Any, **kw: Any) -> str:
+    return f"INTERVAL {compiler.process(element.clauses, **kw)} SECOND"
+
+
+class _TrimTrailingZeros(FunctionElement[Any]):
+    """``TRIM(TRAILING '0' FROM <expr>)`` (MySQL syntax, no SQLAlchemy construct)."""
+
+    name = "trim_trailing_zeros"
+    inherit_cache = True
+
+
+class _TrimTrailingDot(FunctionElement[Any]):
+    """``TRIM(TRAILING '.' FROM <expr>)``."""
+
+    name = "trim_trailing_dot"
+    inherit_cache = True
+
+
+@compiles(_TrimTrailingZeros)
+def _compile_trim_zeros(element: _TrimTrailingZeros, compiler: Any, **kw: Any) -> str:
+    return f"TRIM(TRAILING '0' FROM {compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_TrimTrailingDot)
+def _compile_trim_dot(element: _TrimTrailingDot, compiler: Any, **kw: Any) -> str:
+    return f"TRIM(TRAILING '.' FROM {compiler.process(element.clauses, **kw)})"
+
+
+def num_lit(text: str) -> Expr:
+    """A numeric literal from validated digits (rendered verbatim, never a bind)."""
+    return sa.literal_column(text, sa.Numeric())
+
+
+def int_lit(value: int) -> Expr:
+    """An integer literal rendered inline."""
+    return sa.literal_column(str(int(value)), sa.Integer())
+
+
+def str_lit(value: str) -> Expr:
+    """A string literal; the dialect escapes it when rendered with literal_binds."""
+    return sa.literal(value, sa.String())
+
+
+def html_escape(x: Expr) -> Expr:
+    """Escape ``& " < >`` so field data cannot break out of an HTML attribute."""
+    out = sa.func.replace(x, str_lit("&"), str_lit("&amp;"))
+    out = sa.func.replace(out, str_lit('"'), str_lit("&quot;"))
+    out = sa.func.replace(out, str_lit("<"), str_lit("&lt;"))
+    return sa.func.replace(out, str_lit(">"), str_lit("&gt;"))
+
+
+class DialectOps:
+    """SQL spellings shared by both dialects; subclasses override the rest."""
+
+    name = ""
+
+    def sa_dialect(self) -> sa.engine.Dialect:
+        """A SQLAlchemy dialect object for rendering checks (no connection needed)."""
+        raise NotImplementedError
+
+    # -- text ------------------------------------------------------------
+    def concat(self, pieces: list[Expr]) -> Expr:
+        """Concatenate pieces that are never NULL (the caller coalesces blanks to '')."""
+        out: Expr = sa.type_coerce(pieces[0], sa.String())
+        for piece in pieces[1:]:
+            out = out.concat(piece)
+        return out
+
+    def length(self, x: Expr) -> Expr:
+        """Character length; blank text has length 0."""
+        raise NotImplementedError
+
+    def text_cmp_operand(self, x: Expr) -> Expr:
+        """Text prepared for a case-sensitive comparison, blank as ''."""
+        return sa.func.coalesce(x, str_lit(""))
+
+    def blank_to_null(self, x: Expr) -> Expr:
+        """A text result: '' reads as NULL (blank)."""
+        return sa.func.nullif(x, str_lit(""))
+
+    def is_blank_text(self, x: Expr) -> ColumnElement[bool]:
+        """True when the text is NULL or has no characters (never NULL itself)."""
+        return sa.func.coalesce(self.length(x), int_lit(0)) == int_lit(0)
+
+    def number_to_text(self, x: Expr) -> Expr:
+        """TEXT(number): no trailing zeros, no exponent for ordinary magnitudes."""
+        raise NotImplementedError
+
+    def date_to_text(self, x: Expr) -> Expr:
+        """TEXT(date): ``YYYY-MM-DD``."""
+        raise NotImplementedError
+
+    def datetime_to_text(self, x: Expr) -> Expr:
+        """TEXT(datetime): ``YYYY-MM-DD HH:MM:SSZ`` in GMT, as Salesforce renders it."""
+        raise NotImplementedError
+
+    def time_to_text(self, x: Expr) -> Expr:
+        """TEXT(time): ``HH:MM:SS.sssZ``."""
+        raise NotImplementedError
+
+    def text_to_number(self, x: Expr) -> tuple[Expr, ColumnElement[bool]]:
+        """VALUE(text): (number or NULL, predicate true when the text is not a number)."""
+        raise NotImplementedError
+
+    # -- numbers ---------------------------------------------------------
+    def number(self, x: Expr) -> Expr:
+        """Mark an expression numeric so SQLAlchemy picks arithmetic operators."""
+        return sa.type_coerce(x, sa.Numeric())
+
+    def divide(self, a: Expr, b: Expr) -> Expr:
+        """a / b, NULL when b is 0 (the caller also reports it as an error)."""
+        raise NotImplementedError
+
+    def power(self, a: Expr, b: Expr) -> tuple[Expr, ColumnElement[bool]]:
+        """(a ^ b, error predicate) - errors where the result is undefined or overflows."""
+        undefined = sa.case(
+            (a == int_lit(0), b < int_lit(0)),
+            (a < int_lit(0), b != sa.func.floor(b)),
+            else_=b * sa.func.log10(sa.func.abs(a)) > int_lit(300),
+        )
+        # The guard sits in the value too: MySQL raises (not NULLs) on overflow,
+        # and an enclosing error predicate may evaluate this value.
+        value = sa.case((undefined, sa.null()), else_=sa.func.power(a, b))
+        return value, undefined
+
+    def round(self, x: Expr, digits: Expr, digits_const: int | None) -> Expr:
+        """ROUND half away from zero, negative digits round left of the point."""
+        raise NotImplementedError
+
+    # -- dates -----------------------------------------------------------
+    def today(self) -> Expr:
+        """Current UTC date."""
+        raise NotImplementedError
+
+    def now(self) -> Expr:
+        """Current UTC timestamp."""
+        raise NotImplementedError
+
+    def date_diff(self, a: Expr, b: Expr) -> Expr:
+        """a - b for dates: whole days."""
+        raise NotImplementedError
+
+    def date_add(self, d: Expr, days: Expr) -> Expr:
+        """date + days (fraction truncated: a date has no time of day)."""
+        raise NotImplementedError
+
+    def datetime_diff(self, a: Expr, b: Expr) -> Expr:
+        """a - b for datetimes: days with a fraction."""
+        raise NotImplementedError
+
+    def datetime_add(self, d: Expr, days: Expr) -> Expr:
+        """datetime + days (fraction allowed, rounded to whole seconds)."""
+        raise NotImplementedError
+
+    def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
+        """A date/datetime/time operand normalised for comparison (kind: date|datetime|time)."""
+        return x
+
+
+class SqliteOps(DialectOps):
+    """SQLite: dates as ISO text, julianday()/date() arithmetic, REAL numbers."""
+
+    name = "sqlite"
+
+    def sa_dialect(self) -> sa.engine.Dialect:
+        return sqlite_dialect.dialect()
+
+    def length(self, x: Expr) -> Expr:
+        return sa.func.length(x)
+
+    def number_to_text(self, x: Expr) -> Expr:
+        # Whole numbers print without ".0"; others with 15 significant digits,
+        # which is what a double holds exactly.
+        as_int = sa.cast(x, sa.Integer())
+        return sa.case(
+            (x.is_(None), sa.null()),  # printf() would print NULL as 0
+            (x == as_int, sa.cast(as_int, sa.Text())),
+            else_=sa.func.printf(str_lit("%.15g"), x),
+        )
+
+    def date_to_text(self, x: Expr) -> Expr:
+        return sa.func.strftime(str_lit("%Y-%m-%d"), x)
+
+    def datetime_to_text(self, x: Expr) -> Expr:
+        return sa.func.strftime(str_lit("%Y-%m-%d %H:%M:%SZ"), x)
+
+    def time_to_text(self, x: Expr) -> Expr:
+        return sa.func.strftime(str_lit("%H:%M:%f"), x).concat(str_lit("Z"))
+
+    def text_to_number(self, x: Expr) -> tuple[Expr, ColumnElement[bool]]:
+        # SQLite has no REGEXP; GLOB checks: only digits and one '.', at least
+        # one digit, at most one leading sign.  CAST alone reads '12abc' as 12.
+        t = sa.func.trim(x)
+        body = sa.func.ltrim(t, str_lit("+-"))
+        valid = sa.and_(
+            sa.func.length(t) - sa.func.length(body) <= int_lit(1),
+            sa.not_(body.op("GLOB")(str_lit("*[^0-9.]*"))),
+            body.op("GLOB")(str_lit("*[0-9]*")),
+            sa.not_(body.op("GLOB")(str_lit("*.*.*"))),
+        )
+        invalid = sa.and_(t != str_lit(""), sa.not_(valid))
+        # The value needs no guard: the error predicate blanks the field.
+        return sa.cast(sa.func.nullif(t, str_lit("")), sa.REAL()), invalid
+
+    def number(self, x: Expr) -> Expr:
+        return sa.type_coerce(x, sa.Float())
+
+    def divide(self, a: Expr, b: Expr) -> Expr:
+        # CAST to REAL: SQLite divides two integers with truncation (7/2 = 3).
+        return sa.case(
+            (b == int_lit(0), sa.null()),
+            else_=sa.cast(a, sa.REAL()) / b,
+        )
+
+    def round(self, x: Expr, digits: Expr, digits_const: int | None) -> Expr:
+        # SQLite's round() is half away from zero (Salesforce's rule) but treats
+        # negative digits as 0, so those scale through a power of ten.
+        if digits_const is not None and digits_const >= 0:
+            return sa.func.round(x, int_lit(digits_const))
+        if digits_const is not None:
+            scale = num_lit(str(10 ** (-digits_const)))
+            return sa.func.round(x / scale) * scale
+        d = sa.cast(digits, sa.Integer())
+        scale_expr = sa.func.power(int_lit(10), -d)
+        return sa.case(
+            (d >= int_lit(0), sa.func.round(x, d)),
+            else_=sa.func.round(x / scale_expr) * scale_expr,
+        )
+
+    def today(self) -> Expr:
+        return sa.func.date(str_lit("now"))
+
+    def now(self) -> Expr:
+        return sa.func.datetime(str_lit("now"))
+
+    def date_diff(self, a: Expr, b: Expr) -> Expr:
+        return sa.cast(
+            sa.func.julianday(sa.func.date(a)) - sa.func.julianday(sa.func.date(b)),
+            sa.Integer(),
+        )
+
+    def date_add(self, d: Expr, days: Expr) -> Expr:
+        # "N days" modifier: exact calendar arithmetic; NULL days -> NULL date.
+        modifier = sa.type_coerce(sa.cast(days, sa.Integer()), sa.String()).concat(str_lit(" days"))
+        return sa.func.date(d, modifier)
+
+    def datetime_diff(self, a: Expr, b: Expr) -> Expr:
+        # Whole seconds / 86400.0: exact, where julianday() differences drift.
+        secs_a = sa.cast(sa.func.strftime(str_lit("%s"), a), sa.Integer())
+        secs_b = sa.cast(sa.func.strftime(str_lit("%s"), b), sa.Integer())
+        return (secs_a - secs_b) / num_lit("86400.0")
+
+    def datetime_add(self, d: Expr, days: Expr) -> Expr:
+        secs = sa.cast(sa.func.round(days * int_lit(86400)), sa.Integer())
+        modifier = sa.type_coerce(secs, sa.String()).concat(str_lit(" seconds"))
+        return sa.func.datetime(d, modifier)
+
+    def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
+        # julianday() makes '2024-01-01 00:00:00' and '2024-01-01T00:00:00.000'
+        # compare equal; text comparison would not.
+        if kind == "time":
+            return sa.func.strftime(str_lit("%H:%M:%f"), x)
+        return sa.func.julianday(x)
+
+
+class MysqlOps(DialectOps):
+    """MySQL / MariaDB / TiDB: DATE/DATETIME columns, DECIMAL arithmetic."""
+
+    name = "mysql"
+
+    def sa_dialect(self) -> sa.engine.Dialect:
+        return mysql_dialect.dialect()
+
+    def concat(self, pieces: list[Expr]) -> Expr:
+        # One flat CONCAT(); MySQL's || is logical OR unless PIPES_AS_CONCAT.
+        return sa.func.concat(*pieces)
+
+    def length(self, x: Expr) -> Expr:
+        return sa.func.char_length(x)
+
+    def text_cmp_operand(self, x: Expr) -> Expr:
+        # BINARY: Salesforce text comparison is case-sensitive and counts trailing
+        # spaces; MySQL's default collations are neither.
+        return sa.cast(sa.func.coalesce(x, str_lit("")), sa.LargeBinary())
+
+    def blank_to_null(self, x: Expr) -> Expr:
+        # A binary '' makes the comparison binary: PAD SPACE collations would
+        # otherwise take '  ' for ''.
+        return sa.func.nullif(x, sa.cast(str_lit(""), sa.LargeBinary()))
+
+    def number_to_text(self, x: Expr) -> Expr:
+        s = sa.cast(x, sa.CHAR())
+        return sa.case(
+            (sa.func.locate(str_lit("."), s) > int_lit(0), _TrimTrailingDot(_TrimTrailingZeros(s))),
+            else_=s,
+        )
+
+    def date_to_text(self, x: Expr) -> Expr:
+        return sa.func.date_format(x, str_lit("%Y-%m-%d"))
+
+    def datetime_to_text(self, x: Expr) -> Expr:
+        return sa.func.date_format(x, str_lit("%Y-%m-%d %H:%i:%sZ"))
+
+    def time_to_text(self, x: Expr) -> Expr:
+        return sa.func.concat(
+            sa.func.left(sa.func.time_format(x, str_lit("%H:%i:%s.%f")), int_lit(12)),
+            str_lit("Z"),
+        )
+
+    def text_to_number(self, x: Expr) -> tuple[Expr, ColumnElement[bool]]:
+        t = sa.func.trim(x)
+        valid = t.op("REGEXP")(str_lit("^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)$"))
+        invalid = sa.and_(t != str_lit(""), sa.not_(valid))
+        # Guarded: CAST('12abc' AS DECIMAL) warns, and strict INSERT ... SELECT
+        # turns that warning into an error.
+        value = sa.case((valid, sa.cast(t, sa.Numeric(65, 30))), else_=sa.null())
+        return value, invalid
+
+    def divide(self, a: Expr, b: Expr) -> Expr:
+        # DECIMAL(65,30): MySQL's default division scale (+4 digits) would make
+        # 1/3 = 0.3333.  The CASE keeps x/0 out of strict-mode INSERT ... SELECT.
+        return sa.case(
+            (b == int_lit(0), sa.null()),
+            else_=sa.cast(a, sa.Numeric(65, 30)) / b,
+        )
+
+    def round(self, x: Expr, digits: Expr, digits_const: int | None) -> Expr:
+        # DECIMAL first: MySQL rounds DOUBLE half-to-even (ROUND(2.5e0) = 2),
+        # DECIMAL half away from zero as Salesforce does.
+        d = int_lit(digits_const) if digits_const is not None else sa.cast(digits, sa.Integer())
+        return sa.func.round(sa.cast(x, sa.Numeric(65, 30)), d)
+
+    def today(self) -> Expr:
+        return sa.func.utc_date()
+
+    def now(self) -> Expr:
+        return sa.func.utc_timestamp()
+
+    def date_diff(self, a: Expr, b: Expr) -> Expr:
+        return sa.func.datediff(a, b)
+
+    def date_add(self, d: Expr, days: Expr) -> Expr:
+        return sa.func.date_add(d, _IntervalDay(sa.func.truncate(days, int_lit(0))))
+
+    def datetime_diff(self, a: Expr, b: Expr) -> Expr:
+        secs = sa.func.timestampdiff(sa.literal_column("SECOND"), b, a)
+        return sa.cast(secs, sa.Numeric(65, 30)) / int_lit(86400)
+
+    def datetime_add(self, d: Expr, days: Expr) -> Expr:
+        return sa.func.date_add(d, _IntervalSecond(sa.func.round(days * int_lit(86400))))
+
+
+def ops_for(dialect: str) -> DialectOps:
+    """The operations for ``'sqlite'`` or ``'mysql'`` (MariaDB and TiDB are ``'mysql'``).
+
+    Raises ``ValueError`` for any other name.
+    """
+    key = dialect.lower()
+    if key == "sqlite":
+        return SqliteOps()
+    if key in ("mysql", "mariadb", "tidb"):
+        return MysqlOps()
+    raise ValueError(f"unsupported dialect {dialect!r}: expected 'sqlite' or 'mysql'")

@@ -1,0 +1,79 @@
+"""structlog setup: readable console lines on a terminal, JSON lines otherwise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+
+
+def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
+    """Configure structlog and stdlib logging once per process.
+
+    ``fmt``: ``auto`` picks console rendering when stderr is a TTY, else JSON.
+    """
+    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
+    )
+    logging.basicConfig(format="%(message)s", stream=sys.stderr, level=level.upper())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+log = structlog.get_logger("nexuscrm")
+
+
+@contextmanager
+def logged_phase(operation: str, phase: str, **fields: Any) -> Iterator[None]:
+    """Log phase start / done / failed with elapsed seconds.
+
+    Port of the seed's ``runLoggedControlPlanePhase``; re-raises whatever the
+    body raises after logging it.
+    """
+    start = time.monotonic()
+    log.info("controlplane phase start", operation=operation, phase=phase, **fields)
+    try:
+        yield
+    except BaseException as exc:
+        log.error(
+            "controlplane phase failed",
+            operation=operation,
+            phase=phase,
+            elapsed=round(time.monotonic() - start, 3),
+            err=str(exc),
+            **fields,
+        )
+        raise
+    log.info(
+        "controlplane phase done",
+        operation=operation,
+        phase=phase,
+        elapsed=round(time.monotonic() - start, 3),
+        **fields,
+    )
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run ``fn`` and return (result, elapsed seconds)."""
+    start = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - start

@@ -1,0 +1,1 @@
+"""Pack manifests, loaders (native YAML/JSON and Salesforce DX source), ordering, payload hash."""

@@ -1,0 +1,35 @@
+"""Payload hash of a pack: a fingerprint of everything that apply would do.
+
+The seed's ``packs.PackPayloadHash``: AppPack install rows record it, so a
+re-apply of the same content is recognised and a changed pack is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from nexuscrm.packs.model import PackManifest
+
+
+def canonical_payload(pack: PackManifest) -> str:
+    """The canonical JSON text that :func:`payload_hash` digests.
+
+    ``json.dumps(pack.model_dump(mode="json"), sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)``. ``source`` is excluded by
+    the model, so where a pack was loaded from never changes its hash; every
+    other field, including defaults, is included. Object and field order is
+    kept as declared (the SFDX loader sorts them by API name).
+    """
+    return json.dumps(
+        pack.model_dump(mode="json"),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def payload_hash(pack: PackManifest) -> str:
+    """Return the sha256 hex digest (64 lower-case hex chars) of the pack's
+    :func:`canonical_payload`, UTF-8 encoded. Never raises for a valid manifest."""
+    return hashlib.sha256(canonical_payload(pack).encode("utf-8")).hexdigest()

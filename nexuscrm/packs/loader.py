@@ -1,0 +1,240 @@
+"""Native pack loader (one YAML or JSON manifest file) and the source dispatcher.
+
+A native manifest is one document whose keys are the :class:`PackManifest`
+fields (``name``, ``category``, ``version``, ``description``, ``depends_on``,
+``objects`` with their ``fields``); ``packs/README.md`` documents every key.
+
+YAML is read with every scalar kept as a string (only ``null``/``~`` and merge
+keys are resolved), and the pydantic model converts strings to booleans and
+integers where the schema asks for them. So ``Yes``, ``No``, ``1.0`` or
+``2024-01-01`` mean the same text in a picklist, version or default value as
+they do in Salesforce, with no quoting. Duplicate mapping keys are an error
+(in JSON too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from nexuscrm.errors import ManifestError
+from nexuscrm.packs.model import PackManifest
+
+NATIVE_SUFFIXES = (".yaml", ".yml", ".json")
+# File names that make a directory a native pack, in order of preference.
+NATIVE_MANIFEST_NAMES = ("pack.yaml", "pack.yml", "pack.json")
+
+_YAML_KEPT_TAGS = frozenset({"tag:yaml.org,2002:null", "tag:yaml.org,2002:merge"})
+
+
+class _ManifestYamlLoader(yaml.SafeLoader):
+    """SafeLoader that keeps scalars as strings and refuses duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# Only null and merge keys are resolved implicitly; everything else stays a string.
+_ManifestYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag in _YAML_KEPT_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def format_validation_error(err: ValidationError, data: Any = None) -> str:
+    """Render a pydantic ``ValidationError`` as readable ``; ``-separated lines.
+
+    Each entry is ``<location>: <message>`` where the location is a path such
+    as ``objects[2](Contact).fields[0](Email).type``: list indexes are shown
+    with the ``api_name`` of the element found at that index in ``data`` (the
+    raw document that was validated), when there is one. Scalar inputs are
+    echoed as ``(got ...)``.
+    """
+    lines: list[str] = []
+    for e in err.errors(include_url=False):
+        loc = _render_loc(e.get("loc", ()), data)
+        msg = str(e.get("msg", "invalid"))
+        msg = msg.removeprefix("Value error, ")
+        got = e.get("input")
+        if e.get("type") != "missing" and (got is None or isinstance(got, str | int | float)):
+            msg = f"{msg} (got {got!r})"
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def _render_loc(loc: tuple[int | str, ...], data: Any) -> str:
+    out = ""
+    node: Any = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if isinstance(node, list | tuple) and 0 <= part < len(node):
+                node = node[part]
+                if isinstance(node, dict) and isinstance(node.get("api_name"), str):
+                    out += f"({node['api_name']})"
+            else:
+                node = None
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(manifest)"
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(str(path), f"not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+
+
+def _parse_document(path: Path) -> Any:
+    text = _read_text(path)
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text, object_pairs_hook=_json_object)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(
+                str(path), f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            ) from exc
+        except _DuplicateKeyError as exc:
+            raise ManifestError(str(path), f"JSON error: found duplicate key {exc.key!r}") from exc
+    try:
+        # A SafeLoader subclass: no Python object tags are constructed.
+        return yaml.load(text, Loader=_ManifestYamlLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = exc.context
+        cmark = exc.context_mark
+        if context and cmark is not None and cmark is not mark:
+            context = f"{context} (from line {cmark.line + 1}, column {cmark.column + 1})"
+        what = "; ".join(p for p in (context, exc.problem) if p)
+        raise ManifestError(str(path), f"YAML syntax error{where}: {what}") from exc
+    except yaml.YAMLError as exc:
+        raise ManifestError(str(path), f"YAML syntax error: {exc}") from exc
+
+
+def load_native(path: Path) -> PackManifest:
+    """Load one native manifest file (``.yaml``, ``.yml`` or ``.json``).
+
+    Returns the validated :class:`PackManifest` with ``source`` set to the
+    resolved file path.
+
+    Raises:
+        ManifestError: the file is missing, unreadable or not UTF-8; has an
+            unsupported suffix; is not valid YAML/JSON (message gives line and
+            column); is not a mapping; or fails validation (message gives the
+            key path, e.g. ``objects[0](Contact).fields[3](Email).type``).
+            The error's ``pack`` is the file path.
+    """
+    path = Path(path)
+    if path.suffix.lower() not in NATIVE_SUFFIXES:
+        raise ManifestError(
+            str(path),
+            f"unsupported manifest file type {path.suffix or '(none)'!r}; "
+            f"expected one of {', '.join(NATIVE_SUFFIXES)}",
+        )
+    if not path.is_file():
+        raise ManifestError(str(path), "no such manifest file")
+    data = _parse_document(path)
+    if data is None:
+        raise ManifestError(str(path), "manifest is empty")
+    if not isinstance(data, dict):
+        raise ManifestError(
+            str(path), f"manifest must be a mapping of pack fields, not a {type(data).__name__}"
+        )
+    if "source" in data:
+        raise ManifestError(str(path), "source: is set by the loader and may not be declared")
+    resolved = str(path.resolve())
+    try:
+        return PackManifest.model_validate({**data, "source": resolved})
+    except ValidationError as exc:
+        raise ManifestError(
+            str(path), f"invalid manifest: {format_validation_error(exc, data)}"
+        ) from exc
+
+
+def find_native_manifest(directory: Path) -> Path | None:
+    """Return the native manifest file of a pack directory, or None.
+
+    Looks for ``pack.yaml``, ``pack.yml``, ``pack.json``.
+
+    Raises:
+        ManifestError: more than one of them exists (ambiguous).
+    """
+    found = [directory / n for n in NATIVE_MANIFEST_NAMES if (directory / n).is_file()]
+    if len(found) > 1:
+        raise ManifestError(
+            str(directory), f"ambiguous: {', '.join(p.name for p in found)} all exist; keep one"
+        )
+    return found[0] if found else None
+
+
+def load_pack_source(source: str | Path) -> PackManifest:
+    """Load a pack from a path, picking the loader from what is there.
+
+    - a directory holding ``sfdx-project.json`` or Salesforce DX object
+      metadata (``**/objects/<Object>/...-meta.xml``): :func:`load_sfdx`;
+    - a directory holding ``pack.yaml`` (or ``pack.yml`` / ``pack.json``):
+      :func:`load_native` on that file;
+    - a file: :func:`load_native`.
+
+    ``source`` on the result is the resolved path string.
+
+    Raises:
+        ManifestError: the path does not exist, is a directory with neither
+            kind of pack in it, or the chosen loader fails.
+    """
+    from nexuscrm.packs.sfdx import is_sfdx_source, load_sfdx
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if is_sfdx_source(path):
+            return load_sfdx(path)
+        manifest = find_native_manifest(path)
+        if manifest is not None:
+            return load_native(manifest)
+        raise ManifestError(
+            str(path),
+            "unknown pack source: the directory has no sfdx-project.json, no "
+            "objects/<Object>/*-meta.xml and no pack.yaml",
+        )
+    if path.is_file():
+        return load_native(path)
+    raise ManifestError(str(path), "unknown pack source: no such file or directory")

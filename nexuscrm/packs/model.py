@@ -1,0 +1,252 @@
+"""The pack manifest model (pydantic v2).
+
+A pack is a named, versioned bundle of object and field metadata. Its shape is
+the same whichever loader produced it (native YAML/JSON or Salesforce DX
+source), so ordering, hashing and apply never care where it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Identifiers reach DDL, so they are validated here, before anything else sees them.
+# Salesforce API names: a letter, then letters/digits/underscores, no double
+# underscore except the namespace/suffix separators (__c, __e, __r, __s, ns__X__c).
+IDENTIFIER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+PACK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+def validate_identifier(value: str, what: str) -> str:
+    """Return ``value`` if it is a safe SQL identifier; else ``ValueError`` naming ``what``."""
+    if not IDENTIFIER_RE.fullmatch(value) or "___" in value or value.endswith("_"):
+        raise ValueError(f"{what} {value!r} is not a valid API name")
+    return value
+
+
+class Category(StrEnum):
+    """Pack categories, in apply order (the seed's ``packs.Category``)."""
+
+    PlatformCore = "PlatformCore"
+    PlatformTenant = "PlatformTenant"
+    PlatformConfig = "PlatformConfig"
+    PlatformUX = "PlatformUX"
+    AppPack = "AppPack"
+    ConnectorPack = "ConnectorPack"
+    DevSample = "DevSample"
+
+    @property
+    def rank(self) -> int:
+        """Position in apply order: PlatformCore first, DevSample last."""
+        return list(Category).index(self)
+
+
+class FieldType(StrEnum):
+    """Supported field types (Salesforce metadata ``<type>`` names).
+
+    A formula field carries its *return* type here and a non-empty ``formula``.
+    """
+
+    Text = "Text"
+    TextArea = "TextArea"
+    LongTextArea = "LongTextArea"
+    Html = "Html"
+    Number = "Number"
+    Currency = "Currency"
+    Percent = "Percent"
+    Checkbox = "Checkbox"
+    Date = "Date"
+    DateTime = "DateTime"
+    Time = "Time"
+    Email = "Email"
+    Phone = "Phone"
+    Url = "Url"
+    Picklist = "Picklist"
+    MultiselectPicklist = "MultiselectPicklist"
+    Lookup = "Lookup"
+    MasterDetail = "MasterDetail"
+    Location = "Location"
+    AutoNumber = "AutoNumber"
+    Summary = "Summary"
+
+
+TEXT_TYPES = frozenset(
+    {
+        FieldType.Text,
+        FieldType.TextArea,
+        FieldType.LongTextArea,
+        FieldType.Html,
+        FieldType.Email,
+        FieldType.Phone,
+        FieldType.Url,
+        FieldType.Picklist,
+        FieldType.MultiselectPicklist,
+        FieldType.AutoNumber,
+    }
+)
+NUMERIC_TYPES = frozenset({FieldType.Number, FieldType.Currency, FieldType.Percent})
+REFERENCE_TYPES = frozenset({FieldType.Lookup, FieldType.MasterDetail})
+
+
+class SummarySpec(BaseModel):
+    """Roll-up summary definition (stored as metadata only for now)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operation: Literal["count", "sum", "min", "max"]
+    summarized_field: str | None = None
+    foreign_key_field: str | None = None
+
+
+class FieldSpec(BaseModel):
+    """One field of an object.
+
+    ``api_name`` is also the physical column name, except for Location fields,
+    which store ``<Name>__Latitude__s`` / ``<Name>__Longitude__s`` (Salesforce's
+    compound-field columns), and formula / Summary fields, which store nothing.
+    Lengths are characters; precision and scale are digits.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_name: str
+    label: str = ""
+    type: FieldType
+    description: str = ""
+    length: int | None = Field(default=None, ge=1, le=131072)
+    precision: int | None = Field(default=None, ge=1, le=38)
+    scale: int | None = Field(default=None, ge=0, le=18)
+    required: bool = False
+    unique: bool = False
+    external_id: bool = False
+    default_value: str | None = None
+    reference_to: str | None = None
+    relationship_name: str | None = None
+    picklist_values: tuple[str, ...] = ()
+    formula: str | None = None
+    formula_treat_blanks_as: Literal["BlankAsZero", "BlankAsBlank"] = "BlankAsZero"
+    summary: SummarySpec | None = None
+
+    @field_validator("api_name")
+    @classmethod
+    def _api_name(cls, v: str) -> str:
+        return validate_identifier(v, "field api_name")
+
+    @field_validator("reference_to")
+    @classmethod
+    def _reference_to(cls, v: str | None) -> str | None:
+        return None if v is None else validate_identifier(v, "reference_to")
+
+    @model_validator(mode="after")
+    def _shape(self) -> FieldSpec:
+        if self.type in REFERENCE_TYPES and not self.reference_to:
+            raise ValueError(f"field {self.api_name}: {self.type} needs reference_to")
+        if self.type == FieldType.Summary and self.summary is None:
+            raise ValueError(f"field {self.api_name}: Summary needs a summary definition")
+        if self.formula is not None and not self.formula.strip():
+            raise ValueError(f"field {self.api_name}: formula is empty")
+        if self.formula is not None and self.type in (
+            REFERENCE_TYPES | {FieldType.Summary, FieldType.Location, FieldType.AutoNumber}
+        ):
+            raise ValueError(f"field {self.api_name}: a {self.type} field cannot be a formula")
+        return self
+
+    @property
+    def is_formula(self) -> bool:
+        """True when the value is computed by the formula view, not stored."""
+        return self.formula is not None
+
+    @property
+    def is_stored(self) -> bool:
+        """True when the field has physical column(s)."""
+        return self.formula is None and self.type != FieldType.Summary
+
+    def column_names(self) -> tuple[str, ...]:
+        """Physical column names, in order (empty for formula and Summary fields)."""
+        if not self.is_stored:
+            return ()
+        if self.type == FieldType.Location:
+            base = self.api_name.removesuffix("__c")
+            return (f"{base}__Latitude__s", f"{base}__Longitude__s")
+        return (self.api_name,)
+
+
+class ObjectSpec(BaseModel):
+    """One object (a table), or a platform event (``kind='event'``: metadata only).
+
+    ``extends`` is True when this spec adds fields to a standard object another
+    pack owns (e.g. an app's custom fields on Contact); apply merges the fields
+    into that object instead of creating a new one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_name: str
+    label: str = ""
+    plural_label: str = ""
+    kind: Literal["table", "event"] = "table"
+    extends: bool = False
+    name_field_type: Literal["Text", "AutoNumber"] = "Text"
+    name_field_label: str = "Name"
+    description: str = ""
+    fields: tuple[FieldSpec, ...] = ()
+
+    @field_validator("api_name")
+    @classmethod
+    def _api_name(cls, v: str) -> str:
+        return validate_identifier(v, "object api_name")
+
+    @model_validator(mode="after")
+    def _unique_fields(self) -> ObjectSpec:
+        seen: set[str] = set()
+        for f in self.fields:
+            key = f.api_name.lower()
+            if key in seen:
+                raise ValueError(f"object {self.api_name}: field {f.api_name} is declared twice")
+            if key in {c.lower() for c in STANDARD_COLUMNS}:
+                raise ValueError(
+                    f"object {self.api_name}: field {f.api_name} collides with a system column"
+                )
+            seen.add(key)
+        return self
+
+
+# Every table object gets these columns, ahead of its own fields.
+STANDARD_COLUMNS = ("Id", "Name", "OwnerId", "CreatedDate", "LastModifiedDate", "IsDeleted")
+
+
+class PackManifest(BaseModel):
+    """A pack: name, category, version, dependencies, objects.
+
+    ``source`` records where it was loaded from (a path or ``builtin:<name>``);
+    it is informational and is left out of the payload hash.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    category: Category
+    version: str = "1.0.0"
+    description: str = ""
+    depends_on: tuple[str, ...] = ()
+    objects: tuple[ObjectSpec, ...] = ()
+    source: str = Field(default="", exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not PACK_NAME_RE.fullmatch(v):
+            raise ValueError(f"pack name {v!r} must be lower-case letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_objects(self) -> PackManifest:
+        seen: set[str] = set()
+        for o in self.objects:
+            if o.api_name.lower() in seen:
+                raise ValueError(f"pack {self.name}: object {o.api_name} is declared twice")
+            seen.add(o.api_name.lower())
+        return self

@@ -1,0 +1,93 @@
+"""Process settings (pydantic-settings), read from ``NEXUS_*`` environment variables.
+
+The connector runtime's ``NEXUSCRM_CONNECTOR_*`` knobs live in
+``nexuscrm.connectors.knobs`` because the seed gives them their own clamps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+
+_SLUG_RE = re.compile(r"[^a-z0-9]+")
+
+
+def default_database_url() -> str:
+    """SQLite file under ``./.nexus/`` so a new user needs no database server."""
+    return f"sqlite:///{Path('.nexus') / 'nexus.db'}"
+
+
+def database_id_for_url(url: str) -> str:
+    """Stable, readable slug for a database URL (no password in it).
+
+    Shape: ``<backend>-<host-or-file>-<db>-<6 hex>``, e.g.
+    ``mysql-127-0-0-1-nexus-3f9a1c``. The hash covers host, port, database and
+    the resolved SQLite path so two databases never share an id.
+    """
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        path = str(Path(u.database or ":memory:").resolve()) if u.database else ":memory:"
+        name = Path(path).stem
+        key = f"sqlite:{path}"
+        parts = [backend, name]
+    else:
+        key = f"{backend}:{u.host}:{u.port}:{u.database}"
+        parts = [backend, u.host or "local", u.database or ""]
+    slug = _SLUG_RE.sub("-", "-".join(p for p in parts if p).lower()).strip("-")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:6]
+    return f"{slug[:48]}-{digest}"
+
+
+class Settings(BaseSettings):
+    """All ``NEXUS_*`` settings.
+
+    Fields (env var in brackets):
+      database_url [NEXUS_DATABASE_URL]: SQLAlchemy URL; SQLite default.
+      database_id [NEXUS_DATABASE_ID]: slug naming the database in workflow ids.
+      temporal_address [NEXUS_TEMPORAL_ADDRESS]: host:port of the frontend.
+      temporal_namespace [NEXUS_TEMPORAL_NAMESPACE].
+      controlplane_task_queue / connector_task_queue: task queue names.
+      env [NEXUS_ENV]: ``production``/``prod``/``staging`` skip the DevSample pack.
+      log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    database_id_override: str | None = Field(default=None, alias="NEXUS_DATABASE_ID")
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+    controlplane_task_queue: str = "nexus-controlplane"
+    connector_task_queue: str = "nexus-connectors"
+    env: str = "development"
+    log_format: str = "auto"
+    log_level: str = "INFO"
+
+    @cached_property
+    def database_id(self) -> str:
+        """The configured id, or one derived from ``database_url``."""
+        if self.database_id_override:
+            return _SLUG_RE.sub("-", self.database_id_override.lower()).strip("-")
+        return database_id_for_url(self.database_url)
+
+    @property
+    def is_production(self) -> bool:
+        """Port of the seed's ``isProduction``: NEXUS_ENV production/prod/staging."""
+        return self.env.strip().lower() in {"production", "prod", "staging"}
+
+    @property
+    def controlplane_workflow_id(self) -> str:
+        """One workflow id per database for every control-plane mutation."""
+        return controlplane_workflow_id(self.database_id)
+
+
+def controlplane_workflow_id(database_id: str) -> str:
+    """``controlplane/<database id>``: the serialization key of ApplyAll and siblings."""
+    return f"controlplane/{database_id}"

