@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,9 +46,11 @@ DevSample = Annotated[
 ]
 
 
-def _settings() -> Settings:
+def _settings(quiet: bool = False) -> Settings:
     settings = Settings()
-    configure_logging(settings.log_format, settings.log_level)
+    # A live progress display and log lines on one terminal do not mix.
+    level = "WARNING" if quiet and "NEXUS_LOG_LEVEL" not in os.environ else settings.log_level
+    configure_logging(settings.log_format, level)
     return settings
 
 
@@ -161,7 +164,7 @@ def dev() -> None:
 @app.command()
 def demo(app_pack: AppPack = None, dev_sample: DevSample = None) -> None:
     """Embedded stack (dev server + worker), then ApplyAll with live progress, then a summary."""
-    settings = _settings()
+    settings = _settings(quiet=True)
 
     async def go() -> ApplyAllResult | None:
         stop = asyncio.Event()

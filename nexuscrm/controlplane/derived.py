@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, MetaData, Table
 
 from nexuscrm.controlplane import catalog, lease, markers
-from nexuscrm.db.dialect import compile_select, create_or_replace_view, dialect_name
+from nexuscrm.db.dialect import create_or_replace_view, dialect_name
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.log import log
@@ -67,7 +67,7 @@ def rebuild_derived(engine: Engine, epoch: int | None = None) -> DerivedResult:
                     reason=issue.reason,
                 )
             name = view_name(obj.api_name)
-            create_or_replace_view(conn, name, compile_select(conn, select))
+            create_or_replace_view(conn, name, select)
             result.views.append(name)
         # A full rebuild settles any deferred-rebuild debt by definition.
         if markers.rebuild_owed(conn):

@@ -29,6 +29,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from sqlalchemy.sql.expression import Select
 from sqlalchemy.types import TypeEngine
 
+from nexuscrm.formulas.view import CreateView, DropView
 from nexuscrm.packs.model import FieldSpec, FieldType
 
 
@@ -68,23 +69,17 @@ def quote(bind: Connection | Engine, identifier: str) -> str:
     return bind.dialect.identifier_preparer.quote_identifier(identifier)
 
 
-def compile_select(bind: Connection | Engine, select: Select[Any]) -> str:
-    """Render a Select with literal values inlined, as view DDL needs."""
-    return str(select.compile(dialect=bind.dialect, compile_kwargs={"literal_binds": True}))
-
-
-def create_or_replace_view(conn: Connection, name: str, select_sql: str) -> None:
-    """Create or replace view ``name`` as ``select_sql``.
+def create_or_replace_view(conn: Connection, name: str, select: Select[Any]) -> None:
+    """Create or replace view ``name`` as ``select`` (literals inlined).
 
     MySQL family: ``CREATE OR REPLACE VIEW`` (atomic). SQLite has no OR
     REPLACE for views, so drop then create inside the caller's transaction.
     """
-    q = quote(conn, name)
     if dialect_name(conn) == "sqlite":
-        conn.execute(text(f"DROP VIEW IF EXISTS {q}"))
-        conn.execute(text(f"CREATE VIEW {q} AS {select_sql}"))
+        conn.execute(DropView(name))
+        conn.execute(CreateView(name, select))
     else:
-        conn.execute(text(f"CREATE OR REPLACE VIEW {q} AS {select_sql}"))
+        conn.execute(CreateView(name, select, or_replace=True))
 
 
 def drop_view(conn: Connection, name: str) -> None:

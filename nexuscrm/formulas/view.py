@@ -50,9 +50,10 @@ class CreateView(ExecutableDDLElement):
 
     inherit_cache = False
 
-    def __init__(self, name: str, select: Select[Any]) -> None:
+    def __init__(self, name: str, select: Select[Any], *, or_replace: bool = False) -> None:
         self.name = name
         self.select = select
+        self.or_replace = or_replace
 
 
 class DropView(ExecutableDDLElement):
@@ -67,7 +68,8 @@ class DropView(ExecutableDDLElement):
 @compiles(CreateView)
 def _compile_create_view(element: CreateView, compiler: Any, **kw: Any) -> str:
     body = compiler.sql_compiler.process(element.select, literal_binds=True)
-    return f"CREATE VIEW {compiler.preparer.quote(element.name)} AS {body}"
+    verb = "CREATE OR REPLACE VIEW" if element.or_replace else "CREATE VIEW"
+    return f"{verb} {compiler.preparer.quote(element.name)} AS {body}"
 
 
 @compiles(DropView)
