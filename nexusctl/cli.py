@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,9 @@ from rich.table import Table
 from sqlalchemy import select
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.controlplane import markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
@@ -27,13 +31,32 @@ from nexuscrm.log import configure_logging
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
 from nexusctl.devserver import dev_server, ui_port
-from nexusctl.temporal import ControlPlaneBusyError, connect, start_controlplane
+from nexusctl.temporal import (
+    ControlPlaneBusyError,
+    connect,
+    fleet_workflow_id,
+    signal_fleet,
+    start_controlplane,
+    start_fleet,
+)
 from nexusctl.worker import run_worker
-from workflows.models import ApplyAllInput, ApplyAllResult, OperationInput, PhaseReport
+from workflows.connectors import supervisor_workflow_id
+from workflows.models import (
+    ApplyAllInput,
+    ApplyAllResult,
+    DesiredPack,
+    OperationInput,
+    PhaseReport,
+    SupervisorStatus,
+)
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False)
 packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 app.add_typer(packs_app, name="packs")
+connectors_app = typer.Typer(help="Connector inbound runtime.", no_args_is_help=True)
+app.add_typer(connectors_app, name="connectors")
+events_app = typer.Typer(help="Inbound connector events.", no_args_is_help=True)
+app.add_typer(events_app, name="events")
 console = Console()
 
 AppPack = Annotated[
@@ -298,6 +321,146 @@ def import_sfdx(
             yaml.safe_dump(pack.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
         )
         console.print(f"wrote {out}")
+
+
+def _connector_pack(settings: Settings, name: str) -> ConnectorPackRow:
+    engine = make_engine(settings.database_url)
+    for row in list_connector_packs(engine):
+        if row.namespace == name and not row.drain_only:
+            return row
+    installed = ", ".join(r.namespace for r in list_connector_packs(engine)) or "none"
+    _fail(f"connector pack {name!r} is not installed and active (installed: {installed})")
+    raise AssertionError("unreachable")
+
+
+async def _wake(settings: Settings, install_id: str) -> None:
+    with contextlib.suppress(Exception):  # no fleet running: the idle timer finds the work
+        await signal_fleet(await connect(settings), settings, "wake", install_id)
+
+
+def _enqueue(settings: Settings, requests: list[workqueue.EnqueueRequest], install_id: str) -> None:
+    engine = make_engine(settings.database_url)
+    result = workqueue.enqueue(engine, requests)
+    console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
+    asyncio.run(_wake(settings, install_id))
+
+
+PackName = Annotated[str, typer.Option("--pack", help="Connector pack name.")]
+
+
+@events_app.command("enqueue")
+def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
+    """Enqueue events from a JSON-lines FILE (one event object per line).
+
+    Keys: event_kind, idempotency_key, source_object, source_id, payload, and
+    optionally route_version, queue_class, target_object, target_remote_id.
+    """
+    settings = _settings()
+    row = _connector_pack(settings, pack)
+    requests = []
+    for n, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            requests.append(
+                workqueue.EnqueueRequest(
+                    installed_pack_id=row.install_id, namespace=row.namespace, **data
+                )
+            )
+        except (ValueError, TypeError) as exc:
+            _fail(f"{file}:{n}: {exc}")
+    _enqueue(settings, requests, row.install_id)
+
+
+@events_app.command("import-sfdx-data")
+def events_import_sfdx_data(
+    plan: Path,
+    pack: PackName = "salesforce-sync",
+    shuffle: Annotated[bool, typer.Option(help="Shuffle: children may arrive first.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Shuffle seed.")] = None,
+) -> None:
+    """Turn a Salesforce DX data plan (sample-data-plan.json) into inbound events."""
+    settings = _settings()
+    row = _connector_pack(settings, pack)
+    try:
+        requests = events_from_sfdx_plan(
+            plan, installed_pack_id=row.install_id, namespace=row.namespace, shuffle=shuffle,
+            seed=seed,
+        )  # fmt: skip
+    except NexusError as exc:
+        _fail(str(exc))
+    _enqueue(settings, requests, row.install_id)
+
+
+@events_app.command("replay")
+def events_replay(work_id: str) -> None:
+    """Replay a failed work item: a new item for the same event (ReplayOfWorkId set)."""
+    settings = _settings()
+    try:
+        new_id = workqueue.replay(make_engine(settings.database_url), work_id)
+    except NexusError as exc:
+        _fail(str(exc))
+    console.print(f"replayed {work_id} as {new_id}")
+
+
+@connectors_app.command("start")
+def connectors_start() -> None:
+    """Start the database's ConnectorFleet (or attach to the running one)."""
+    settings = _settings()
+
+    async def go() -> str:
+        handle = await start_fleet(await connect(settings), settings)
+        return handle.id
+
+    console.print(f"connector fleet running: workflow id {asyncio.run(go())}")
+
+
+@connectors_app.command("status")
+def connectors_status() -> None:
+    """Per pack: workers, queue depth by state and class, oldest pending age, failures."""
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    packs = list_connector_packs(engine)
+    if not packs:
+        console.print("no connector pack is installed")
+        return
+    stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
+
+    async def pools() -> dict[str, SupervisorStatus]:
+        try:
+            client = await connect(settings)
+            handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
+            running = await handle.query("status", result_type=list[DesiredPack])
+        except Exception:
+            return {}
+        out: dict[str, SupervisorStatus] = {}
+        for pool in running:
+            sup = client.get_workflow_handle(supervisor_workflow_id(settings.database_id, pool))
+            with contextlib.suppress(Exception):
+                out[pool.install_id] = await sup.query("status", result_type=SupervisorStatus)
+        return out
+
+    running = asyncio.run(pools())
+    table = Table(title=f"connector packs ({settings.database_id})")
+    for col in ("pack", "install", "status", "workers", "queue (state/class)", "oldest pending",
+                "failures"):  # fmt: skip
+        table.add_column(col)
+    for row in packs:
+        st = stats.get(row.install_id)
+        depth = ", ".join(f"{s}/{c}={n}" for (s, c), n in sorted(st.counts.items())) if st else ""
+        oldest = f"{st.oldest_pending_age_s:.0f} s" if st and st.oldest_pending_age_s else ""
+        failures = ", ".join(f"{k}={v}" for k, v in st.failures_by_class.items()) if st else ""
+        pool = running.get(row.install_id)
+        workers = (
+            f"{len(pool.workers)} ({sum(w.restarts for w in pool.workers)} restarts)"
+            + (", draining" if pool.draining else "")
+            if pool
+            else "not running"
+        )
+        table.add_row(row.namespace, row.install_id[:8], row.status, workers, depth, oldest,
+                      failures)  # fmt: skip
+    console.print(table)
 
 
 def main() -> None:

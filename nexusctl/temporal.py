@@ -14,13 +14,19 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
-from workflows.models import ApplyAllInput, ApplyAllResult, OperationInput
+from workflows.models import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
 
 SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [PHASE_KEY, DATABASE_KEY, OPERATION_KEY]
 
@@ -109,3 +115,34 @@ async def start_controlplane(
 def env_flag(name: str) -> bool:
     """True when environment variable ``name`` is set to 1/true/yes."""
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
+
+
+def fleet_workflow_id(database_id: str) -> str:
+    """``connector-fleet/<database id>``: the one ConnectorFleet workflow of a database."""
+    return f"connector-fleet/{database_id}"
+
+
+async def start_fleet(
+    client: Client, settings: Settings, inp: FleetInput | None = None
+) -> WorkflowHandle[Any, Any]:
+    """Start the database's ConnectorFleet, or attach to the one already running."""
+    return await client.start_workflow(
+        "ConnectorFleet",
+        inp or FleetInput(database_id=settings.database_id),
+        id=fleet_workflow_id(settings.database_id),
+        task_queue=settings.connector_task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        search_attributes=TypedSearchAttributes(
+            [SearchAttributePair(DATABASE_KEY, settings.database_id)]
+        ),
+    )
+
+
+async def signal_fleet(client: Client, settings: Settings, signal: str, *args: Any) -> bool:
+    """Signal the running fleet; ``False`` (and nothing else) when none runs."""
+    handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
+    try:
+        await handle.signal(signal, *args) if args else await handle.signal(signal)
+    except RPCError:
+        return False
+    return True

@@ -8,12 +8,35 @@ from concurrent.futures import ThreadPoolExecutor
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
+from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from nexusctl.temporal import connect, ensure_search_attributes
+from workflows.connectors import CONNECTOR_WORKFLOWS
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+
+
+def build_connector_worker(
+    client: Client, settings: Settings, task_queue: str | None = None
+) -> Worker:
+    """A ``Worker`` for the connector runtime (fleet, pack supervisors, inbound workers).
+
+    Knobs come from the ``NEXUSCRM_CONNECTOR_*`` environment (read once here).
+    """
+    engine = make_engine(settings.database_url)
+    acts = ConnectorActivities(engine, settings, ConnectorKnobs.from_env())
+    return Worker(
+        client,
+        task_queue=task_queue or settings.connector_task_queue,
+        workflows=CONNECTOR_WORKFLOWS,
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(max_workers=16),
+        max_concurrent_activities=16,
+        max_concurrent_local_activities=16,
+    )
 
 
 def build_worker(client: Client, settings: Settings, task_queue: str | None = None) -> Worker:
@@ -38,15 +61,17 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     client = await connect(settings)
     await ensure_search_attributes(client)
     worker = build_worker(client, settings)
+    connector_worker = build_connector_worker(client, settings)
     log.info(
         "worker started",
         temporal=settings.temporal_address,
         namespace=settings.temporal_namespace,
         task_queue=settings.controlplane_task_queue,
+        connector_task_queue=settings.connector_task_queue,
         database=redacted(settings.database_url),
         database_id=settings.database_id,
     )
-    async with worker:
+    async with worker, connector_worker:
         if stop is None:
             await asyncio.Event().wait()
         else:

@@ -82,7 +82,7 @@ async def test_apply_all_installs_platform_and_corpus_packs(temporal_env, settin
         )
         conn.execute(text("INSERT INTO Property__c (Id, Name, IsDeleted) VALUES ('p2', 'x', 0)"))
         rows: dict[str, Any] = dict(
-            conn.execute(text("SELECT Id, Days_On_Market__c FROM v_Property__c")).tuples().all()
+            conn.execute(text("SELECT Id, Days_On_Market__c FROM v_Property__c")).all()
         )
     assert float(rows["p1"]) == 10
     assert rows["p2"] is None or float(rows["p2"]) >= 0  # blank date: Salesforce gives blank
@@ -90,7 +90,7 @@ async def test_apply_all_installs_platform_and_corpus_packs(temporal_env, settin
     assert {"ix_Property__c_Name", "ix_Property__c_CreatedDate", "ix_Property__c_Broker__c"} <= idx
     with engine.connect() as conn:
         packs = dict(
-            conn.execute(select(t.installed_pack.c.Name, t.installed_pack.c.Status)).tuples().all()
+            conn.execute(select(t.installed_pack.c.Name, t.installed_pack.c.Status)).all()
         )
     assert packs["dreamhouse-lwc"] == "active" or any(
         k.startswith("dreamhouse") and v == "active" for k, v in packs.items()

@@ -166,6 +166,15 @@ class _PhaseRunner:
             ApplyPacksRequest(self.run_id, self.epoch, sources, dev, self.packs, l0),
         )
 
+    async def _notify_connectors(self) -> None:
+        """Ask the connector fleet to reconcile (packs may have changed); no-op when none runs."""
+        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        handle = workflow.get_external_workflow_handle(f"connector-fleet/{database_id}")
+        try:
+            await handle.signal("reconcile")
+        except Exception as err:  # no fleet running: it reconciles when it starts
+            workflow.logger.info("connector fleet not signalled: %s", err)
+
     async def _invalidate(self) -> None:
         """withControlPlaneMutationLock: a sibling mutation invalidates the completed marker."""
         await self._phase(
@@ -266,6 +275,7 @@ class ApplyAllWorkflow(_PhaseRunner):
         )
         await self._phase("mark-completed", ControlPlaneActivities.mark, self._req("completed"))
         workflow.upsert_search_attributes([PHASE_KEY.value_set("completed")])
+        await self._notify_connectors()
         return self._result("completed", "ApplyAll converged")
 
 
@@ -373,6 +383,7 @@ class ApplyPacksWorkflow(_PhaseRunner):
         await self._plan(inp.app_pack_sources, inp.include_dev_sample)
         await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
         await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        await self._notify_connectors()
         return self._result("completed", "packs applied")
 
 

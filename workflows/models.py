@@ -133,3 +133,135 @@ class ApplyAllResult:
     packs: list[PlannedPackInfo]
     formula_problems: list[str]
     duration_s: float
+
+
+@dataclass
+class InboundWorkerConfig:
+    """One inbound worker: its pack incarnation, queue profile and budget.
+
+    lease_seconds: how long a claim is held without a heartbeat; idle_seconds:
+    how long the worker sleeps when it found nothing (a ``wake`` cuts it short).
+    """
+
+    database_id: str
+    namespace: str
+    install_id: str
+    ordinal: int
+    queue_classes: list[str]
+    preferred_queue_classes: list[str]
+    batch_size: int
+    max_processing_rows: int
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    fingerprint: str = ""
+    batches_before_continue_as_new: int = 200
+
+
+@dataclass
+class ClaimRequest:
+    """claim activity input (the worker config plus its lease owner id)."""
+
+    config: InboundWorkerConfig
+    lease_owner: str
+
+
+@dataclass
+class ClaimedLease:
+    """A claimed item as the workflow sees it: id and lease token only (no payload)."""
+
+    work_id: str
+    lease_token: str
+
+
+@dataclass
+class ProcessRequest:
+    """process activity input: the claimed leases to run."""
+
+    config: InboundWorkerConfig
+    leases: list[ClaimedLease]
+
+
+@dataclass
+class BatchResult:
+    """Counts of one processed batch."""
+
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+
+
+@dataclass
+class SupervisorConfig:
+    """A pack supervisor: one incarnation, N workers, and their shared knobs.
+
+    Durations are seconds (settings, so tests can run them short).
+    """
+
+    database_id: str
+    namespace: str
+    install_id: str
+    payload_hash: str
+    fingerprint: str
+    worker_count: int
+    max_processing_rows: int
+    queue_profile_mode: str
+    drain_only: bool = False
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    drain_timeout_seconds: float = 30.0
+    restart_backoff_min_seconds: float = 1.0
+    restart_backoff_max_seconds: float = 30.0
+
+
+@dataclass
+class WorkerStatus:
+    """One worker of a supervisor, for the ``status`` query."""
+
+    ordinal: int
+    workflow_id: str
+    queue_classes: list[str]
+    batch_size: int
+    state: str
+    restarts: int
+    next_backoff_s: float
+
+
+@dataclass
+class SupervisorStatus:
+    """``status`` query of a pack supervisor."""
+
+    namespace: str
+    install_id: str
+    fingerprint: str
+    draining: bool
+    workers: list[WorkerStatus]
+
+
+@dataclass
+class DesiredPack:
+    """One pack incarnation the fleet should serve, with its pool fingerprint."""
+
+    namespace: str
+    install_id: str
+    payload_hash: str
+    drain_only: bool
+    fingerprint: str
+    worker_count: int
+    max_processing_rows: int
+    queue_profile_mode: str
+
+
+@dataclass
+class FleetInput:
+    """ConnectorFleetWorkflow input: reconcile timer and supervisor timings (seconds)."""
+
+    database_id: str
+    reconcile_interval_seconds: float = 5.0
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    drain_timeout_seconds: float = 30.0
+    restart_backoff_min_seconds: float = 1.0
+    restart_backoff_max_seconds: float = 30.0
+    reconciles_before_continue_as_new: int = 500
+    running: list[DesiredPack] = field(default_factory=list)

@@ -36,6 +36,11 @@ from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import Category, FieldSpec, ObjectSpec, PackManifest
 from nexuscrm.packs.ordering import order_packs
 
+# Packs an operator installs (as opposed to the platform packs shipped with the
+# product): they carry the installing -> active | failed lifecycle and are
+# reapplied from their stored payload by every later ApplyAll.
+INSTALLED_CATEGORIES = (Category.AppPack, Category.ConnectorPack)
+
 
 @dataclass(frozen=True)
 class PlannedPack:
@@ -72,7 +77,7 @@ def stored_app_packs(engine: Engine) -> list[PackManifest]:
     with engine.connect() as conn:
         rows = conn.execute(
             select(t.installed_pack.c.Name, t.installed_pack.c.Payload, t.installed_pack.c.Source)
-            .where(t.installed_pack.c.Category == Category.AppPack.value)
+            .where(t.installed_pack.c.Category.in_([c.value for c in INSTALLED_CATEGORIES]))
             .where(t.installed_pack.c.Status == "active")
         ).all()
     for row in rows:
@@ -255,7 +260,7 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
     Raises ``LeaseLostError`` if a newer control-plane run owns the database.
     """
     digest = payload_hash(pack)
-    is_app = pack.category == Category.AppPack
+    is_app = pack.category in INSTALLED_CATEGORIES
     cat = catalog.CACHE.get(engine)
     try:
         validate_pack(cat, pack)

@@ -21,8 +21,13 @@ def canonical_payload(pack: PackManifest) -> str:
     other field, including defaults, is included. Object and field order is
     kept as declared (the SFDX loader sorts them by API name).
     """
+    data = pack.model_dump(mode="json")
+    # Connector keys came later: left out when empty so older packs keep their hash.
+    for key in ("inbound_routes", "callout_profiles"):
+        if not data[key]:
+            del data[key]
     return json.dumps(
-        pack.model_dump(mode="json"),
+        data,
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

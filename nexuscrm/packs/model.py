@@ -214,6 +214,64 @@ class ObjectSpec(BaseModel):
         return self
 
 
+class InboundRoute(BaseModel):
+    """A ConnectorPack's inbound route: how one event kind becomes CRM work.
+
+    Resolved by (installed pack id, event kind, route version), as the seed's
+    route resolver does. ``invocation_mode`` ``flow`` runs ``flow`` locally;
+    ``runtime_command_handoff`` hands the business operation to a separate
+    runtime service. ``flow`` names a registered flow: ``upsert_record``
+    (map the event's fields onto ``destination_object`` — or the event's
+    ``sobject`` when unset — and upsert by remote id) or ``webhook`` (POST the
+    event to ``webhook_url``). ``field_map`` renames remote fields to local
+    ones; unmapped fields keep their names.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_kind: str
+    route_version: int = Field(default=1, ge=1)
+    invocation_mode: Literal["flow", "runtime_command_handoff"] = "flow"
+    queue_class: Literal["interactive", "default", "bulk"] = "default"
+    flow: Literal["upsert_record", "webhook"] = "upsert_record"
+    destination_object: str | None = None
+    field_map: dict[str, str] = Field(default_factory=dict)
+    webhook_url: str | None = None
+
+    @field_validator("event_kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not v:
+            raise ValueError("inbound route event_kind is blank")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> InboundRoute:
+        if self.flow == "webhook" and not self.webhook_url:
+            raise ValueError(f"route {self.event_kind}: the webhook flow needs webhook_url")
+        if self.destination_object is not None:
+            validate_identifier(self.destination_object, "destination_object")
+        return self
+
+
+class CalloutProfile(BaseModel):
+    """A batch-read callout profile: enrich events from a remote API.
+
+    ``object_path_map`` maps an object kind to the endpoint path that reads a
+    batch of its records (``{"Broker__c": "/records/Broker__c"}``); the
+    credential is named by reference only (its value lives elsewhere).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    endpoint: str
+    credential_ref: str | None = None
+    object_path_map: dict[str, str] = Field(default_factory=dict)
+    required_object_kinds: tuple[str, ...] = ()
+
+
 # Every table object gets these columns, ahead of its own fields.
 STANDARD_COLUMNS = ("Id", "Name", "OwnerId", "CreatedDate", "LastModifiedDate", "IsDeleted")
 
@@ -233,6 +291,8 @@ class PackManifest(BaseModel):
     description: str = ""
     depends_on: tuple[str, ...] = ()
     objects: tuple[ObjectSpec, ...] = ()
+    inbound_routes: tuple[InboundRoute, ...] = ()
+    callout_profiles: tuple[CalloutProfile, ...] = ()
     source: str = Field(default="", exclude=True)
 
     @field_validator("name")
@@ -249,4 +309,17 @@ class PackManifest(BaseModel):
             if o.api_name.lower() in seen:
                 raise ValueError(f"pack {self.name}: object {o.api_name} is declared twice")
             seen.add(o.api_name.lower())
+        if (
+            self.inbound_routes or self.callout_profiles
+        ) and self.category != Category.ConnectorPack:
+            raise ValueError(
+                f"pack {self.name}: inbound_routes and callout_profiles need category ConnectorPack"
+            )
+        routes: set[tuple[str, int]] = set()
+        for r in self.inbound_routes:
+            if (r.event_kind, r.route_version) in routes:
+                raise ValueError(
+                    f"pack {self.name}: route {r.event_kind} v{r.route_version} is declared twice"
+                )
+            routes.add((r.event_kind, r.route_version))
         return self

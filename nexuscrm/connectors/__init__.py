@@ -1,0 +1,1 @@
+"""Connector inbound runtime: work queue, routes, flows, knobs, serving selection."""

