@@ -167,6 +167,7 @@ class ControlPlaneActivities:
                 self.engine,
                 epoch=req.epoch,
                 fail_closed_on_convergence=req.fail_closed_on_convergence,
+                steps=repair.L0_REPAIR_STEPS if req.l0_only else repair.REPAIR_STEPS,
             )
         parts = [
             f"{s.name}={s.status}" + (f"({s.changed})" if s.changed else "") for s in report.steps
@@ -237,7 +238,9 @@ class ControlPlaneActivities:
     def verify(self, req: VerifyRequest) -> str:
         """Verify; any finding raises ``VerifyError`` (non-retryable) listing them."""
         with logged_phase("ApplyAll", "verify"):
-            findings = verify.verify(self.engine, req.expected_hashes)
+            findings = verify.verify(
+                self.engine, req.expected_hashes, check_indexes=req.check_indexes
+            )
         if findings:
             raise VerifyError(findings)
         return "no findings"

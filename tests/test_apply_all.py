@@ -89,9 +89,7 @@ async def test_apply_all_installs_platform_and_corpus_packs(temporal_env, settin
     idx = {i["name"] for i in insp.get_indexes("Property__c")}
     assert {"ix_Property__c_Name", "ix_Property__c_CreatedDate", "ix_Property__c_Broker__c"} <= idx
     with engine.connect() as conn:
-        packs = dict(
-            conn.execute(select(t.installed_pack.c.Name, t.installed_pack.c.Status)).all()
-        )
+        packs = dict(conn.execute(select(t.installed_pack.c.Name, t.installed_pack.c.Status)).all())
     assert packs["dreamhouse-lwc"] == "active" or any(
         k.startswith("dreamhouse") and v == "active" for k, v in packs.items()
     )

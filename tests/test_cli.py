@@ -45,9 +45,11 @@ def _logging_on_real_stderr() -> Iterator[None]:
     configure_logging("json", "WARNING")
 
 
-def cli_env(settings: Settings | None = None, env: WorkflowEnvironment | None = None) -> dict:
+def cli_env(
+    settings: Settings | None = None, env: WorkflowEnvironment | None = None
+) -> dict[str, str]:
     """NEXUS_* variables pointing the CLI at this test's database, server and queue."""
-    out = {
+    out: dict[str, str] = {
         "NEXUS_ENV": "development",
         "NEXUS_LOG_FORMAT": "json",
         "NEXUS_LOG_LEVEL": "WARNING",
@@ -64,14 +66,14 @@ def cli_env(settings: Settings | None = None, env: WorkflowEnvironment | None = 
     return out
 
 
-def invoke(args: Sequence[str], env: dict) -> Result:
+def invoke(args: Sequence[str], env: dict[str, str]) -> Result:
     try:
         return runner.invoke(app, list(args), env=env)
     finally:
         configure_logging("json", "WARNING")
 
 
-async def invoke_async(args: Sequence[str], env: dict) -> Result:
+async def invoke_async(args: Sequence[str], env: dict[str, str]) -> Result:
     """Run a CLI command in a thread (it runs its own event loop)."""
     return await asyncio.to_thread(invoke, args, env)
 
@@ -322,13 +324,6 @@ async def test_run_repair_invalidates_completed_marker(
     assert phase_status(again)["verify"] == "completed"
 
 
-@pytest.mark.xfail(
-    reason="InitL0Workflow (workflows/controlplane.py) runs verify, and verify.verify checks "
-    "every standard index (nexuscrm/controlplane/verify.py: `for spec in "
-    "standard_indexes(engine)`), but InitL0 has no ensure-indexes phase: init-l0 on a fresh "
-    "database always fails with 'index ix_Account_Name on Account is missing' ...",
-    strict=True,
-)
 async def test_init_l0_initializes_a_fresh_database(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:
@@ -344,12 +339,6 @@ async def test_init_l0_initializes_a_fresh_database(
         engine.dispose()
 
 
-@pytest.mark.xfail(
-    reason="InitL0Workflow runs the full RunRepair step list, including "
-    "DiscoverAndRegisterPhysicalTables, which the seed keeps out of init-l0 because it "
-    "'would reify app/business tables' left in a reused database",
-    strict=True,
-)
 async def test_init_l0_does_not_register_business_tables(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:

@@ -199,13 +199,6 @@ def test_discover_registers_hand_made_table_once(engine: Engine) -> None:
     assert metadata_version(engine) == version
 
 
-@pytest.mark.xfail(
-    reason="repair.discover_and_register_physical_tables filters names with IDENTIFIER_RE "
-    "only; validate_identifier also rejects a trailing '_' and '___', so such a table is "
-    "registered and every later ObjectSpec(api_name=...) raises (apply-packs and "
-    "rebuild-derived fail on that database for good)",
-    strict=True,
-)
 def test_discover_leaves_table_with_invalid_api_name_alone(engine: Engine) -> None:
     with_platform(engine)
     with engine.begin() as conn:
@@ -218,13 +211,6 @@ def test_discover_leaves_table_with_invalid_api_name_alone(engine: Engine) -> No
     derived.rebuild_derived(engine)
 
 
-@pytest.mark.xfail(
-    reason="repair.discover_and_register_physical_tables builds FieldSpec(api_name=col) for "
-    "every column passing IDENTIFIER_RE; a column such as Bad___Col fails FieldSpec "
-    "validation, so the whole step fails (nothing is registered) and under ApplyAll's "
-    "convergence gate every ApplyAll on that database fails",
-    strict=True,
-)
 def test_discover_skips_column_with_invalid_api_name(engine: Engine) -> None:
     metadata.apply_metadata(engine)
     with engine.begin() as conn:
@@ -386,12 +372,6 @@ def test_convergence_gate_ignores_non_critical_best_effort_step(engine: Engine) 
     assert report.failed() == ["NormalizeObjectIds"]
 
 
-@pytest.mark.xfail(
-    reason="repair.run_repair's gate checks the module constant CONVERGENCE_CRITICAL_STEPS "
-    "(names of the built-in REPAIR_STEPS) instead of the convergence_critical flag of the "
-    "steps it was given, so a custom convergence-critical step's failure is ignored",
-    strict=True,
-)
 def test_convergence_gate_honours_custom_critical_step(engine: Engine) -> None:
     metadata.apply_metadata(engine)
     steps = (
@@ -548,13 +528,6 @@ def test_app_pack_failing_mid_apply_is_recorded_failed(engine: Engine) -> None:
     assert row["PayloadHash"] == payload_hash(pack)
 
 
-@pytest.mark.xfail(
-    reason="packs_apply.apply_pack re-raises the raw database error (bare `raise` in its "
-    "except block) although its docstring promises a PackError naming the pack; the "
-    "activity then treats e.g. MySQL 1050 as retryable and ApplyAll retries it 8 times "
-    "(~90 s of backoff) before failing, with a message that does not name the pack",
-    strict=True,
-)
 def test_app_pack_failing_mid_apply_raises_pack_error(engine: Engine) -> None:
     with_platform(engine)
     _block_with_view(engine, "Gizmo__c")

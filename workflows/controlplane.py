@@ -463,7 +463,7 @@ class InitL0Workflow(_PhaseRunner):
         await self._phase(
             "run-repair",
             ControlPlaneActivities.run_repair,
-            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=False),
+            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=False, l0_only=True),
         )
         await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
         await self._apply_packs([], False, l0=True)
@@ -473,7 +473,7 @@ class InitL0Workflow(_PhaseRunner):
         await self._phase(
             "verify",
             ControlPlaneActivities.verify,
-            VerifyRequest({p.name: p.payload_hash for p in self.packs}),
+            VerifyRequest({p.name: p.payload_hash for p in self.packs}, check_indexes=False),
         )
         return self._result("completed", "L0 substrate initialized")
 

@@ -103,6 +103,7 @@ class RepairRequest:
     run_id: str
     epoch: int
     fail_closed_on_convergence: bool
+    l0_only: bool = False
 
 
 @dataclass
@@ -110,6 +111,7 @@ class VerifyRequest:
     """verify input: pack name -> payload hash this run planned."""
 
     expected_hashes: dict[str, str]
+    check_indexes: bool = True
 
 
 @dataclass

@@ -23,12 +23,13 @@ from nexuscrm.db.dialect import (
     column_type,
     describe_error,
     dialect_name,
+    is_transient,
     quote,
     render_type,
     upsert,
 )
 from nexuscrm.db.dialect import table_names as physical_tables
-from nexuscrm.errors import LeaseLostError, PackError
+from nexuscrm.errors import LeaseLostError, NexusError, PackError
 from nexuscrm.log import log
 from nexuscrm.packs.builtin import platform_packs
 from nexuscrm.packs.hashing import payload_hash
@@ -306,7 +307,9 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
     except Exception as exc:
         if is_app and not isinstance(exc, LeaseLostError):
             _mark_failed(engine, pack, digest, describe_error(exc), epoch)
-        raise
+        if isinstance(exc, NexusError) or is_transient(exc):
+            raise  # transient faults stay retryable; domain errors already name the pack
+        raise PackError(pack.name, describe_error(exc)) from exc
     log.info(
         "pack applied", pack=pack.name, category=pack.category.value, tables_created=created,
         columns_added=added, rows_written=written,

@@ -22,7 +22,7 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import after_ddl, describe_error, quote, render_type, table_names
 from nexuscrm.errors import LeaseLostError, RepairError
 from nexuscrm.log import log
-from nexuscrm.packs.model import IDENTIFIER_RE, STANDARD_COLUMNS, FieldSpec
+from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec, validate_identifier
 
 
 @dataclass(frozen=True)
@@ -82,16 +82,18 @@ def discover_and_register_physical_tables(conn: Connection) -> int:
     changed = 0
     std = {c.lower() for c in STANDARD_COLUMNS}
     for name in sorted(insp.get_table_names()):
-        if (
-            name.lower() in known
-            or name.startswith("_System_")
-            or not IDENTIFIER_RE.fullmatch(name)
-        ):
+        if name.lower() in known or name.startswith("_System_"):
+            continue
+        if not _valid_name(name):
+            log.warning("repair: physical table not registered: not a valid API name", table=name)
             continue
         rows = [catalog.object_row_raw(name, name, "discovered", pack="")]
         fields = []
         for col in insp.get_columns(name):
-            if col["name"].lower() in std or not IDENTIFIER_RE.fullmatch(col["name"]):
+            if col["name"].lower() in std:
+                continue
+            if not _valid_name(col["name"]):
+                log.warning("repair: column not registered", table=name, column=col["name"])
                 continue
             spec = FieldSpec(api_name=col["name"], type=catalog.infer_field_type(col["type"]))
             fields.append(catalog.field_row(name, spec, pack=""))
@@ -99,6 +101,14 @@ def discover_and_register_physical_tables(conn: Connection) -> int:
         changed += catalog.sync_rows(conn, t.field_meta, fields)
         log.info("repair: registered physical table", table=name, fields=len(fields))
     return changed
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        validate_identifier(name, "name")
+    except ValueError:
+        return False
+    return True
 
 
 def reconcile_managed_table_columns(conn: Connection) -> int:
@@ -252,6 +262,15 @@ REPAIR_STEPS: tuple[RepairStep, ...] = (
 
 CONVERGENCE_CRITICAL_STEPS = frozenset(s.name for s in REPAIR_STEPS if s.convergence_critical)
 
+# Port of RunL0Repair: only what is safe on a clean L0 database. Discovery and
+# the broad metadata repairs stay out: they would reify or rewrite app/business
+# metadata left in a reused database.
+L0_REPAIR_STEPS: tuple[RepairStep, ...] = tuple(
+    s
+    for s in REPAIR_STEPS
+    if s.name in {"ReconcileManagedTableColumns", "MigratePackInstallIdBackfill"}
+)
+
 
 def _stamped(conn: Connection, key: str) -> bool:
     return (
@@ -316,7 +335,7 @@ def run_repair(
         report.steps.append(outcome)
         log.info("repair step", step=step.name, status=outcome.status, changed=outcome.changed)
     if fail_closed_on_convergence:
-        failed = report.failed(set(CONVERGENCE_CRITICAL_STEPS))
+        failed = report.failed({s.name for s in steps if s.convergence_critical})
         if failed:
             raise RepairError(
                 f"convergence-critical repair step(s) failed: {', '.join(failed)} — "

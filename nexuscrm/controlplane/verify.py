@@ -20,11 +20,14 @@ from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.model import PackManifest
 
 
-def verify(engine: Engine, expected_hashes: dict[str, str] | None = None) -> list[str]:
+def verify(
+    engine: Engine, expected_hashes: dict[str, str] | None = None, *, check_indexes: bool = True
+) -> list[str]:
     """Return findings (empty when converged); each names the object, view, index or pack.
 
     ``expected_hashes`` maps pack name -> payload hash this apply planned;
     each must be installed ``active`` with exactly that hash.
+    ``check_indexes=False`` is VerifyL0: InitL0 builds no broad indexes.
     """
     findings: list[str] = []
     cat = catalog.CACHE.get(engine)
@@ -55,7 +58,7 @@ def verify(engine: Engine, expected_hashes: dict[str, str] | None = None) -> lis
             except Exception as exc:
                 findings.append(f"object {obj.api_name}: view {vname} is not readable: {exc}")
     have: dict[str, set[str]] = {}
-    for spec in standard_indexes(engine):
+    for spec in standard_indexes(engine) if check_indexes else []:
         if spec.table not in have:
             have[spec.table] = index_names(engine, spec.table)
         if spec.name not in have[spec.table]:
