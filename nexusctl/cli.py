@@ -23,6 +23,7 @@ from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.controlplane import markers
+from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
 from nexuscrm.db.engine import make_engine, redacted
@@ -40,7 +41,6 @@ from nexusctl.temporal import (
     start_fleet,
 )
 from nexusctl.worker import run_worker
-from workflows.connectors import supervisor_workflow_id
 from workflows.models import (
     ApplyAllInput,
     ApplyAllResult,
@@ -296,6 +296,28 @@ def status() -> None:
     _print_status(_settings())
 
 
+@packs_app.command("remove")
+def packs_remove(name: str) -> None:
+    """Remove an installed app or connector pack (its tables and data stay)."""
+    settings = _settings()
+    try:
+        previous = remove_pack(make_engine(settings.database_url), name)
+    except NexusError as exc:
+        _fail(str(exc))
+        return
+
+    async def notify() -> bool:
+        with contextlib.suppress(Exception):
+            return await signal_fleet(await connect(settings), settings, "reconcile")
+        return False
+
+    signalled = asyncio.run(notify())
+    console.print(
+        f"removed {name} (was {previous})"
+        + ("; connector fleet told to reconcile" if signalled else "")
+    )
+
+
 @packs_app.command("import-sfdx")
 def import_sfdx(
     path: Path,
@@ -436,7 +458,7 @@ def connectors_status() -> None:
             return {}
         out: dict[str, SupervisorStatus] = {}
         for pool in running:
-            sup = client.get_workflow_handle(supervisor_workflow_id(settings.database_id, pool))
+            sup = client.get_workflow_handle(pool.supervisor_workflow_id)
             with contextlib.suppress(Exception):
                 out[pool.install_id] = await sup.query("status", result_type=SupervisorStatus)
         return out

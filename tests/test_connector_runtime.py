@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from sqlalchemy import Engine, select, text
 from temporalio.testing import WorkflowEnvironment
 
@@ -16,13 +26,14 @@ from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.controlplane import catalog
+from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 from tests.conftest import corpus_project
-from workflows.models import ApplyAllInput, FleetInput
+from workflows.models import ApplyAllInput, DesiredPack, FleetInput
 
 ROOT = Path(__file__).resolve().parents[1]
 SF_SYNC = ROOT / "packs" / "connectors" / "salesforce-sync"
@@ -143,3 +154,274 @@ async def test_corpus_data_plans_sync_shuffled(temporal_env, settings):
             count = conn.execute(text(f"SELECT COUNT(*) FROM {obj}")).scalar_one()
             expected = sum(1 for r in records if r["attributes"]["type"] == obj)
             assert count == expected, obj  # once: never duplicated
+
+
+class HookServer:
+    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.script: dict[str, list[int]] = {}  # idempotency source id -> statuses to answer
+        self.delay = 0.0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.received.append(body)
+                time.sleep(outer.delay)
+                key = body["payload"].get("key", "")
+                statuses = outer.script.get(key) or [200]
+                status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def hook() -> Iterator[HookServer]:
+    server = HookServer()
+    yield server
+    server.close()
+
+
+def hook_pack(path: Path, url: str, extra_route: bool = False) -> Path:
+    routes = [{"event_kind": "hook.event", "flow": "webhook", "webhook_url": url}]
+    if extra_route:
+        routes.append({"event_kind": "hook.other", "flow": "webhook", "webhook_url": url})
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "hook-pack",
+                "category": "ConnectorPack",
+                "depends_on": ["platform-core"],
+                "inbound_routes": routes,
+            }
+        )
+    )
+    return path
+
+
+def hook_events(install_id: str, keys: list[str]) -> list[workqueue.EnqueueRequest]:
+    return [
+        workqueue.EnqueueRequest(
+            installed_pack_id=install_id,
+            namespace="hook-pack",
+            event_kind="hook.event",
+            idempotency_key=f"hook:{k}",
+            source_object="Thing",
+            source_id=k,
+            payload={"key": k},
+        )
+        for k in keys
+    ]
+
+
+def work_by_source(engine: Engine) -> dict[str, Any]:
+    w, e = t.connector_work_item, t.connector_event
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(w.c.WorkId, w.c.State, w.c.FailureClass, w.c.ReplayOfWorkId, e.c.SourceId)
+            .join(e, e.c.EventId == w.c.EventId)
+            .order_by(w.c.WorkId)
+        ).all()
+    return {r.SourceId: r for r in rows}
+
+
+def attempts(engine: Engine, work_id: str) -> list[str]:
+    a = t.connector_work_attempt
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(a.c.OutcomeState).where(a.c.WorkId == work_id).order_by(a.c.Attempt)
+            ).scalars()
+        )
+
+
+async def test_same_record_events_apply_in_enqueue_order_with_8_workers(temporal_env, settings):
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    events = [
+        workqueue.EnqueueRequest(
+            installed_pack_id=pack.install_id,
+            namespace=pack.namespace,
+            event_kind="salesforce.record.upsert",
+            idempotency_key=f"acct{k}:v{i}",
+            source_object="Account",
+            source_id=f"acct{k}",
+            target_object="Account",
+            target_remote_id=f"acct{k}",
+            payload={
+                "sobject": "Account",
+                "remote_id": f"acct{k}",
+                "fields": {"Name": f"Account {k}", "Phone": f"v{i:02d}"},
+            },
+        )
+        for i in range(12)
+        for k in range(6)
+    ]
+    workqueue.enqueue(engine, events)
+    catalog.CACHE.invalidate()
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        states = await wait_drained(engine)
+        status = await fleet.query("status", result_type=list[DesiredPack])
+        await fleet.signal("stop")
+        await fleet.result()
+    assert status[0].worker_count == 8
+    assert states == {"succeeded": len(events)}
+    with engine.connect() as conn:
+        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
+    assert phones == {f"Account {k}": "v11" for k in range(6)}
+
+
+async def test_flow_errors_retry_with_backoff_fail_with_class_and_replay(
+    temporal_env, settings, hook, tmp_path
+):
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    hook.script = {"flaky": [503, 503, 200], "broken": [400]}
+    workqueue.enqueue(engine, hook_events(pack.install_id, ["flaky", "broken"]))
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        await wait_drained(engine)
+        items = work_by_source(engine)
+        assert items["flaky"].State == "succeeded"
+        assert attempts(engine, items["flaky"].WorkId) == ["retry", "retry", "succeeded"]
+        assert items["broken"].State == "failed"
+        assert items["broken"].FailureClass == "webhook-http-400"
+        hook.script = {}  # the endpoint is fixed
+        new_id = workqueue.replay(engine, items["broken"].WorkId)
+        await fleet.signal("wake", pack.install_id)
+        await wait_drained(engine)
+        await fleet.signal("stop")
+        await fleet.result()
+    with engine.connect() as conn:
+        replayed = (
+            conn.execute(
+                select(t.connector_work_item).where(t.connector_work_item.c.WorkId == new_id)
+            )
+            .mappings()
+            .one()
+        )
+    assert replayed["State"] == "succeeded"
+    assert replayed["ReplayOfWorkId"] == items["broken"].WorkId
+
+
+async def test_pack_change_rebuilds_pool_and_removal_drains_it(
+    temporal_env, settings, hook, tmp_path
+):
+    settings = connector_settings(settings)
+    pack_file = hook_pack(tmp_path / "hook.yaml", hook.url)
+    await install(temporal_env, settings, [str(pack_file)])
+    engine = make_engine(settings.database_url)
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        first = await wait_pools(fleet, 1)
+        # Reapply with a change: ApplyAll signals the fleet, which rebuilds the pool.
+        await install(
+            temporal_env, settings, [str(hook_pack(pack_file, hook.url, extra_route=True))]
+        )
+        second = await wait_pools(fleet, 1, not_fingerprint=first[0].fingerprint)
+        old = temporal_env.client.get_workflow_handle(first[0].supervisor_workflow_id)
+        assert await old.result() == "drained"
+        # Remove the pack: the pool drains and stops.
+        remove_pack(engine, "hook-pack")
+        await fleet.signal("reconcile")
+        await wait_pools(fleet, 0)
+        current = temporal_env.client.get_workflow_handle(second[0].supervisor_workflow_id)
+        assert await current.result() == "drained"
+        await fleet.signal("stop")
+        await fleet.result()
+
+
+async def wait_pools(
+    fleet: Any, count: int, not_fingerprint: str | None = None, timeout: float = 60
+) -> list[DesiredPack]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        pools = await fleet.query("status", result_type=list[DesiredPack])
+        if len(pools) == count and all(p.fingerprint != not_fingerprint for p in pools):
+            return pools
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"fleet pools: {pools}")
+        await asyncio.sleep(0.2)
+
+
+async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplicates(
+    temporal_env, settings
+):
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    events = [
+        workqueue.EnqueueRequest(
+            installed_pack_id=pack.install_id,
+            namespace=pack.namespace,
+            event_kind="salesforce.record.upsert",
+            idempotency_key=f"c{k}",
+            source_object="Contact",
+            source_id=f"c{k}",
+            target_object="Contact",
+            target_remote_id=f"c{k}",
+            payload={
+                "sobject": "Contact",
+                "remote_id": f"c{k}",
+                "fields": {"FirstName": "F", "LastName": f"L{k}"},
+            },
+        )
+        for k in range(1500)
+    ]
+    workqueue.enqueue(engine, events)
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        "NEXUS_LOG_FORMAT": "json",
+        "NEXUS_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
+    try:
+        inp = fast_fleet(settings)
+        inp.lease_seconds = 3
+        fleet = await start_fleet(temporal_env.client, settings, inp)
+        for _ in range(600):
+            done = workqueue.pack_queue_stats(engine)[0].by_state().get("succeeded", 0)
+            if done >= 200:
+                break
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    async with build_connector_worker(temporal_env.client, settings):
+        states = await wait_drained(engine, timeout=180)
+        await fleet.signal("stop")
+        await fleet.result()
+    assert states == {"succeeded": len(events)}
+    a = t.connector_work_attempt
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM Contact")).scalar_one() == len(events)
+        abandoned = (
+            conn.execute(select(a.c.WorkId).where(a.c.OutcomeState == "abandoned")).scalars().all()
+        )
+    assert abandoned, "no batch was in flight when the worker died"
+    for work_id in abandoned[:5]:
+        assert attempts(engine, work_id) == ["abandoned", "succeeded"]

@@ -18,7 +18,12 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError
+from temporalio.exceptions import (
+    ActivityError,
+    CancelledError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+)
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -50,10 +55,14 @@ def worker_workflow_id(config: InboundWorkerConfig) -> str:
     )
 
 
-def supervisor_workflow_id(database_id: str, pack: DesiredPack) -> str:
-    """``connector/<db>/<pack>/<install>/supervisor-<fingerprint>``."""
+def supervisor_workflow_id(database_id: str, pack: DesiredPack, generation: int) -> str:
+    """``connector/<db>/<pack>/<install>/supervisor-<fingerprint>-<n>``.
+
+    ``n`` counts pools the fleet started, so a forced rebuild of an unchanged
+    pack never collides with the old pool while it drains.
+    """
     base = f"connector/{database_id}/{pack.namespace}/{pack.install_id}"
-    return f"{base}/supervisor-{pack.fingerprint[:8]}"
+    return f"{base}/supervisor-{pack.fingerprint[:8]}-{generation}"
 
 
 @workflow.defn(name="InboundWorker")
@@ -93,13 +102,18 @@ class InboundWorkerWorkflow:
                 retry_policy=ACTIVITY_RETRY,
             )
             if leases:
-                await workflow.execute_activity_method(
-                    ConnectorActivities.process,
-                    ProcessRequest(config, leases),
-                    start_to_close_timeout=timedelta(minutes=30),
-                    heartbeat_timeout=timedelta(seconds=max(5.0, config.lease_seconds / 2)),
-                    retry_policy=ACTIVITY_RETRY,
-                )
+                try:
+                    await workflow.execute_activity_method(
+                        ConnectorActivities.process,
+                        ProcessRequest(config, leases),
+                        start_to_close_timeout=timedelta(minutes=30),
+                        heartbeat_timeout=timedelta(seconds=max(5.0, config.lease_seconds / 2)),
+                        # Never retried with the same leases: if the process died, its
+                        # leases expire and the stale reclaim records the abandoned attempt.
+                        retry_policy=RetryPolicy(maximum_attempts=1),
+                    )
+                except ActivityError as err:
+                    workflow.logger.warning("batch abandoned, leases will expire: %s", err)
                 self.batches += 1
             else:
                 with contextlib.suppress(TimeoutError):
@@ -328,9 +342,7 @@ class ConnectorFleetWorkflow:
         return list(self.running.values())
 
     async def _signal(self, pack: DesiredPack, name: str) -> None:
-        handle = workflow.get_external_workflow_handle(
-            supervisor_workflow_id(self.inp.database_id, pack)
-        )
+        handle = workflow.get_external_workflow_handle(pack.supervisor_workflow_id)
         try:
             await handle.signal(name)
         except Exception as err:  # pool already ended: nothing to wake or drain
@@ -353,13 +365,21 @@ class ConnectorFleetWorkflow:
             restart_backoff_min_seconds=self.inp.restart_backoff_min_seconds,
             restart_backoff_max_seconds=self.inp.restart_backoff_max_seconds,
         )
-        await workflow.start_child_workflow(
-            PackSupervisorWorkflow.run,
-            config,
-            id=supervisor_workflow_id(self.inp.database_id, pack),
-            parent_close_policy=ParentClosePolicy.ABANDON,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        self.inp.pools_started += 1
+        pack.supervisor_workflow_id = supervisor_workflow_id(
+            self.inp.database_id, pack, self.inp.pools_started
         )
+        try:
+            await workflow.start_child_workflow(
+                PackSupervisorWorkflow.run,
+                config,
+                id=pack.supervisor_workflow_id,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError as err:  # next reconcile tries again
+            workflow.logger.warning("pool %s not started: %s", pack.supervisor_workflow_id, err)
+            return
         self.running[f"{pack.namespace}/{pack.install_id}"] = pack
 
     async def _reconcile(self, force: bool) -> None:

@@ -252,6 +252,7 @@ class DesiredPack:
     worker_count: int
     max_processing_rows: int
     queue_profile_mode: str
+    supervisor_workflow_id: str = ""
 
 
 @dataclass
@@ -267,3 +268,4 @@ class FleetInput:
     restart_backoff_max_seconds: float = 30.0
     reconciles_before_continue_as_new: int = 500
     running: list[DesiredPack] = field(default_factory=list)
+    pools_started: int = 0

@@ -351,3 +351,30 @@ def mark_pack_status(engine: Engine, name: str, status: str) -> None:
         conn.execute(
             update(t.installed_pack).where(t.installed_pack.c.Name == name).values(Status=status)
         )
+
+
+def remove_pack(engine: Engine, name: str) -> str:
+    """Mark an installed App/Connector pack ``removed``; return its previous status.
+
+    Tables, columns and data stay (schema changes are additive, as in the
+    seed); later ApplyAll runs no longer reapply the pack and the connector
+    fleet drains its pool. Raises ``PackError`` for an unknown or platform pack.
+    """
+    with engine.begin() as conn:
+        row = conn.execute(
+            select(t.installed_pack.c.Category, t.installed_pack.c.Status).where(
+                t.installed_pack.c.Name == name
+            )
+        ).first()
+        if row is None:
+            raise PackError(name, "is not installed")
+        if row.Category not in {c.value for c in INSTALLED_CATEGORIES}:
+            raise PackError(
+                name, f"is a {row.Category} pack; only app and connector packs can be removed"
+            )
+        conn.execute(
+            update(t.installed_pack)
+            .where(t.installed_pack.c.Name == name)
+            .values(Status="removed", LastModifiedDate=utcnow())
+        )
+        return str(row.Status)
