@@ -15,8 +15,10 @@ from sqlalchemy import Engine
 from temporalio import activity
 
 from activities.controlplane import fatal_is_final
-from nexuscrm.connectors import knobs, routes, workqueue
+from nexuscrm.connectors import knobs, serving, workqueue
+from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
+from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from workflows.models import (
     BatchResult,
@@ -35,6 +37,10 @@ class ConnectorActivities:
         self.settings = settings
         self.knobs = config
         self.processor = Processor(engine, flow_deadline=config.flow_deadline)
+        # Frozen before the process starts, as the seed's SetRuntimeServingSelection.
+        self.selection = (
+            serving.load(settings.serving_selection) if settings.serving_selection else None
+        )
 
     @activity.defn(name="connectors.list_desired")
     @fatal_is_final
@@ -42,7 +48,10 @@ class ConnectorActivities:
         """Active and draining connector packs, each with its pool fingerprint."""
         k = self.knobs
         out = []
-        for row in routes.list_connector_packs(self.engine):
+        desired = desired_packs(self.engine, self.selection)
+        for key, reason in desired.blocked.items():
+            log.error("connector pack not served", pack=key, reason=reason)
+        for row in desired.packs:
             fingerprint = k.fingerprint(
                 row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only
             )

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
       temporal_namespace [NEXUS_TEMPORAL_NAMESPACE].
       controlplane_task_queue / connector_task_queue: task queue names.
       env [NEXUS_ENV]: ``production``/``prod``/``staging`` skip the DevSample pack.
+      serving_selection [NEXUS_SERVING_SELECTION]: path of a frozen serving selection.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
     """
 
@@ -69,6 +70,8 @@ class Settings(BaseSettings):
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"
+    # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
+    serving_selection: str | None = None
 
     @cached_property
     def database_id(self) -> str:

@@ -425,3 +425,41 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
     assert abandoned, "no batch was in flight when the worker died"
     for work_id in abandoned[:5]:
         assert attempts(engine, work_id) == ["abandoned", "succeeded"]
+
+
+async def test_serving_selection_serves_selected_pack_and_stops_it_when_unverifiable(
+    temporal_env, settings, hook, tmp_path
+):
+    pack_file = hook_pack(tmp_path / "hook.yaml", hook.url)
+    await install(temporal_env, settings, [str(SF_SYNC), str(pack_file)])
+    engine = make_engine(settings.database_url)
+    row = next(r for r in list_connector_packs(engine) if r.namespace == "hook-pack")
+    sel_file = tmp_path / "selection.yaml"
+    sel_file.write_text(
+        yaml.safe_dump(
+            {
+                "packs": [
+                    {
+                        "namespace": "hook-pack",
+                        "installed_pack_id": row.install_id,
+                        "payload_digest": row.payload_hash,
+                        "inbound_routes": [{"event_kind": "hook.event", "route_version": 1}],
+                    }
+                ]
+            }
+        )
+    )
+    settings = connector_settings(settings).model_copy(update={"serving_selection": str(sel_file)})
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        (served,) = await wait_pools(fleet, 1)
+        assert served.namespace == "hook-pack"  # salesforce-sync is installed but not selected
+        # The pack changes under the frozen selection: its digest no longer verifies.
+        await install(
+            temporal_env, settings, [str(hook_pack(pack_file, hook.url, extra_route=True))]
+        )
+        await wait_pools(fleet, 0)
+        stopped = temporal_env.client.get_workflow_handle(served.supervisor_workflow_id)
+        assert await stopped.result() == "drained"
+        await fleet.signal("stop")
+        await fleet.result()

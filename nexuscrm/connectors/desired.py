@@ -1,0 +1,74 @@
+"""Which connector pack incarnations the fleet serves (the seed's pack lister).
+
+Without a serving selection: every active and draining ConnectorPack. With a
+``RuntimeServingSelection`` (frozen by a deploy pipeline before the process
+starts): exactly the selected packs, each admitted only if its installed row
+is active with the selected payload digest and every selected route resolves
+in that payload with an invocation mode this supervisor can run; a pack that
+fails admission is not served, and the reason is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
+from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
+
+# Invocation modes a local-flow supervisor runs (the handoff role is separate).
+LOCAL_FLOW_MODES = frozenset({"flow"})
+
+
+@dataclass
+class DesiredSet:
+    """Packs to serve, and packs refused with the reason (keyed ``namespace/install id``)."""
+
+    packs: list[ConnectorPackRow] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+
+
+def desired_packs(engine: Engine, selection: RuntimeServingSelection | None) -> DesiredSet:
+    """The packs to serve now; see the module docstring for the selection rules.
+
+    Port of ``runtimeServingPackLister`` and ``verifyRuntimeServingRoutes``.
+    Database errors propagate (the fleet keeps running pools on read errors).
+    """
+    rows = list_connector_packs(engine)
+    if selection is None:
+        return DesiredSet(packs=rows)
+    out = DesiredSet()
+    by_key = {(r.namespace, r.install_id): r for r in rows if not r.drain_only}
+    for selected in selection.packs:
+        key = f"{selected.namespace}/{selected.installed_pack_id}"
+        row = by_key.get((selected.namespace, selected.installed_pack_id))
+        try:
+            selection.check_pack_row(
+                selected.namespace,
+                selected.installed_pack_id,
+                row is not None,
+                row.payload_hash if row else "",
+            )
+            assert row is not None
+            routes = {(r.event_kind, r.route_version): r for r in row.pack.inbound_routes}
+            for coord in selected.inbound_routes:
+                route = routes.get((coord.event_kind, coord.route_version))
+                if route is None:
+                    raise ServingSelectionError(
+                        f"connector inbound supervisor: verify Runtime serving route "
+                        f"{selected.namespace}/{coord.event_kind} ({selected.installed_pack_id}) "
+                        f"version {coord.route_version}: route not found in the installed payload"
+                    )
+                if route.invocation_mode not in LOCAL_FLOW_MODES:
+                    raise ServingSelectionError(
+                        f"connector inbound supervisor: Runtime serving route "
+                        f"{selected.namespace}/{coord.event_kind} ({selected.installed_pack_id}) "
+                        f"version {coord.route_version} selects unsupported invocation mode "
+                        f"{route.invocation_mode!r}"
+                    )
+        except ServingSelectionError as exc:
+            out.blocked[key] = str(exc)
+            continue
+        out.packs.append(row)
+    return out

@@ -1,0 +1,126 @@
+"""Which packs the fleet serves, with and without a runtime serving selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import Engine
+
+from nexuscrm.connectors.desired import desired_packs
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.connectors.serving import RuntimeServingSelection
+from nexuscrm.controlplane import catalog, metadata, packs_apply
+from nexuscrm.db.engine import make_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+SF_SYNC = ROOT / "packs" / "connectors" / "salesforce-sync"
+
+
+def write_pack(path: Path, mode: str = "flow") -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "hook-pack",
+                "category": "ConnectorPack",
+                "depends_on": ["platform-core"],
+                "inbound_routes": [
+                    {
+                        "event_kind": "hook.event",
+                        "flow": "webhook",
+                        "webhook_url": "http://x/",
+                        "invocation_mode": mode,
+                    }
+                ],
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def engine(db_url: str, tmp_path: Path) -> Engine:
+    engine = make_engine(db_url)
+    metadata.apply_metadata(engine)
+    catalog.CACHE.invalidate()
+    plan = packs_apply.load_plan(
+        engine, [str(SF_SYNC), str(write_pack(tmp_path / "h.yaml"))], False
+    )
+    packs_apply.apply_packs(engine, plan)
+    return engine
+
+
+def selection(engine: Engine, **override: object) -> RuntimeServingSelection:
+    row = next(r for r in list_connector_packs(engine) if r.namespace == "salesforce-sync")
+    pack = {
+        "namespace": row.namespace,
+        "installed_pack_id": row.install_id,
+        "payload_digest": row.payload_hash,
+        "inbound_routes": [{"event_kind": "salesforce.record.upsert", "route_version": 1}],
+    }
+    pack.update(override)
+    return RuntimeServingSelection.model_validate({"packs": [pack]})
+
+
+def test_without_selection_every_active_connector_pack_is_served(engine):
+    got = desired_packs(engine, None)
+    assert sorted(p.namespace for p in got.packs) == ["hook-pack", "salesforce-sync"]
+    assert got.blocked == {}
+
+
+def test_selection_serves_exactly_the_selected_pack(engine):
+    got = desired_packs(engine, selection(engine))
+    assert [p.namespace for p in got.packs] == ["salesforce-sync"]
+    assert got.blocked == {}
+
+
+def test_selection_with_a_stale_digest_blocks_the_pack(engine):
+    got = desired_packs(engine, selection(engine, payload_digest="0" * 64))
+    assert got.packs == []
+    (reason,) = got.blocked.values()
+    assert "payload digest does not match" in reason
+
+
+def test_selection_of_a_pack_that_is_not_installed_blocks_it(engine):
+    got = desired_packs(engine, selection(engine, installed_pack_id="no-such-install"))
+    (reason,) = got.blocked.values()
+    assert "is not an active ready generation" in reason
+
+
+def test_selected_route_missing_from_the_payload_blocks_the_pack(engine):
+    routes = [{"event_kind": "salesforce.record.delete", "route_version": 1}]
+    got = desired_packs(engine, selection(engine, inbound_routes=routes))
+    (reason,) = got.blocked.values()
+    assert "salesforce.record.delete" in reason and "not found" in reason
+
+
+def test_selected_handoff_route_is_refused_by_a_local_flow_supervisor(engine, tmp_path):
+    plan = packs_apply.load_plan(
+        engine, [str(write_pack(tmp_path / "h.yaml", "runtime_command_handoff"))], False
+    )
+    packs_apply.apply_packs(engine, plan)
+    row = next(r for r in list_connector_packs(engine) if r.namespace == "hook-pack")
+    sel = RuntimeServingSelection.model_validate(
+        {
+            "packs": [
+                {
+                    "namespace": "hook-pack",
+                    "installed_pack_id": row.install_id,
+                    "payload_digest": row.payload_hash,
+                    "inbound_routes": [{"event_kind": "hook.event", "route_version": 1}],
+                }
+            ]
+        }
+    )
+    got = desired_packs(engine, sel)
+    (reason,) = got.blocked.values()
+    assert "unsupported invocation mode 'runtime_command_handoff'" in reason
+
+
+def test_selection_file_round_trip(engine, tmp_path):
+    sel = selection(engine)
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps(sel.model_dump(mode="json")))
+    assert desired_packs(engine, RuntimeServingSelection.load(path)).packs
