@@ -54,7 +54,7 @@ def engine(db_url: str, tmp_path: Path) -> Engine:
 
 def selection(engine: Engine, **override: object) -> RuntimeServingSelection:
     row = next(r for r in list_connector_packs(engine) if r.namespace == "salesforce-sync")
-    pack = {
+    pack: dict[str, object] = {
         "namespace": row.namespace,
         "installed_pack_id": row.install_id,
         "payload_digest": row.payload_hash,
