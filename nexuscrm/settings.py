@@ -11,7 +11,7 @@ import re
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -38,7 +38,8 @@ def database_id_for_url(url: str) -> str:
         key = f"sqlite:{path}"
         parts = [backend, name]
     else:
-        key = f"{backend}:{u.host}:{u.port}:{u.database}"
+        # The default port spelled or not is the same database (one workflow id).
+        key = f"{backend}:{u.host}:{u.port or 3306}:{u.database}"
         parts = [backend, u.host or "local", u.database or ""]
     slug = _SLUG_RE.sub("-", "-".join(p for p in parts if p).lower()).strip("-")
     digest = hashlib.sha256(key.encode()).hexdigest()[:6]
@@ -53,7 +54,9 @@ class Settings(BaseSettings):
       database_id [NEXUS_DATABASE_ID]: slug naming the database in workflow ids.
       temporal_address [NEXUS_TEMPORAL_ADDRESS]: host:port of the frontend.
       temporal_namespace [NEXUS_TEMPORAL_NAMESPACE].
-      controlplane_task_queue / connector_task_queue: task queue names.
+      controlplane_task_queue / connector_task_queue: task queue names; default
+        ``nexus-controlplane/<database id>`` and ``nexus-connectors/<database id>``
+        (one database per worker, so never shared between databases).
       env [NEXUS_ENV]: ``production``/``prod``/``staging`` skip the DevSample pack.
       serving_selection [NEXUS_SERVING_SELECTION]: path of a frozen serving selection.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
@@ -65,13 +68,24 @@ class Settings(BaseSettings):
     database_id_override: str | None = Field(default=None, alias="NEXUS_DATABASE_ID")
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
-    controlplane_task_queue: str = "nexus-controlplane"
-    connector_task_queue: str = "nexus-connectors"
+    # Empty: derived from the database id (see ``_task_queues``).
+    controlplane_task_queue: str = ""
+    connector_task_queue: str = ""
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"
     # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
     serving_selection: str | None = None
+
+    @model_validator(mode="after")
+    def _task_queues(self) -> Settings:
+        # A worker is bound to one database, so its task queues must be too:
+        # on a shared queue, another database's worker could run the activity.
+        if not self.controlplane_task_queue:
+            self.controlplane_task_queue = f"nexus-controlplane/{self.database_id}"
+        if not self.connector_task_queue:
+            self.connector_task_queue = f"nexus-connectors/{self.database_id}"
+        return self
 
     @cached_property
     def database_id(self) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from sqlalchemy import select
+from sqlalchemy import text as sa_text
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from nexuscrm.connectors import workqueue
@@ -29,6 +31,7 @@ from nexuscrm.db.dialect import table_names
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.errors import NexusError
 from nexuscrm.log import configure_logging
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
 from nexusctl.devserver import dev_server, ui_port
@@ -208,6 +211,70 @@ def demo(app_pack: AppPack = None, dev_sample: DevSample = None) -> None:
     _print_status(settings)
 
 
+@app.command("demo-sync")
+def demo_sync(
+    project: Annotated[Path, typer.Argument(help="SFDX project with data/sample-data-plan.json.")],
+    shuffle: Annotated[bool, typer.Option(help="Shuffle: children may come first.")] = True,
+    seed: Annotated[int | None, typer.Option(help="Shuffle seed.")] = None,
+) -> None:
+    """Embedded stack: install PROJECT and the salesforce-sync connector, sync its sample data."""
+    settings = _settings(quiet=True)
+    project = project.expanduser().resolve()
+    plan = project / "data" / "sample-data-plan.json"
+    if not plan.is_file():
+        _fail(f"{plan} not found: the project has no Salesforce DX data plan")
+    sources = [str(project), str(CONNECTOR_PACKS_DIR / "salesforce-sync")]
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        worker_task = asyncio.create_task(run_worker(settings, stop))
+        try:
+            await _run_operation(
+                settings, "ApplyAll", ApplyAllInput(app_pack_sources=sources), wait=True
+            )
+            engine = make_engine(settings.database_url)
+            row = _connector_pack(settings, "salesforce-sync")
+            requests = events_from_sfdx_plan(
+                plan, installed_pack_id=row.install_id, namespace=row.namespace,
+                shuffle=shuffle, seed=seed,
+            )  # fmt: skip
+            result = workqueue.enqueue(engine, requests)
+            console.print(f"enqueued {result.inserted} events ({result.duplicates} already there)")
+            client = await connect(settings)
+            await start_fleet(client, settings)
+            start = time.monotonic()
+            with Live(console=console, refresh_per_second=4) as live:
+                while True:
+                    stats = workqueue.pack_queue_stats(engine, row.install_id)
+                    states = stats[0].by_state() if stats else {}
+                    live.update(f"sync: {states}  ({time.monotonic() - start:.1f} s)")
+                    if not states.get("pending") and not states.get("processing"):
+                        break
+                    await asyncio.sleep(0.25)
+            await signal_fleet(client, settings, "stop")
+            _print_synced(engine, requests)
+        finally:
+            stop.set()
+            await worker_task
+
+    with dev_server(settings):
+        asyncio.run(go())
+
+
+def _print_synced(engine: Any, requests: list[workqueue.EnqueueRequest]) -> None:
+    objects = sorted({r.source_object for r in requests})
+    table = Table(title="synced records")
+    for col in ("object", "events", "rows in table"):
+        table.add_column(col)
+    with engine.connect() as conn:
+        for obj in objects:
+            events = sum(1 for r in requests if r.source_object == obj)
+            q = conn.dialect.identifier_preparer.quote(obj)
+            rows = conn.execute(sa_text(f"SELECT COUNT(*) FROM {q}")).scalar_one()
+            table.add_row(obj, str(events), str(rows))
+    console.print(table)
+
+
 @app.command("apply-all")
 def apply_all(
     app_pack: AppPack = None,
@@ -283,6 +350,11 @@ def _print_status(settings: Settings) -> None:
                 row["Name"], row["Category"], row["Version"], row["Status"],
                 row["PayloadHash"][:12], (row["LastError"] or "")[:80],
             )  # fmt: skip
+    console.print(
+        f"database {settings.database_id}: control-plane workflow id "
+        f"{settings.controlplane_workflow_id}, task queues {settings.controlplane_task_queue} "
+        f"and {settings.connector_task_queue}"
+    )
     console.print(marks)
     console.print(packs)
     marker = markers.read(engine)

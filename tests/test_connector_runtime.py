@@ -29,6 +29,7 @@ from nexuscrm.controlplane import catalog
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
@@ -36,7 +37,7 @@ from tests.conftest import corpus_project
 from workflows.models import ApplyAllInput, DesiredPack, FleetInput
 
 ROOT = Path(__file__).resolve().parents[1]
-SF_SYNC = ROOT / "packs" / "connectors" / "salesforce-sync"
+SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
 
 
 def fast_fleet(settings: Settings) -> FleetInput:

@@ -14,9 +14,10 @@ from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection
 from nexuscrm.controlplane import catalog, metadata, packs_apply
 from nexuscrm.db.engine import make_engine
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-SF_SYNC = ROOT / "packs" / "connectors" / "salesforce-sync"
+SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
 
 
 def write_pack(path: Path, mode: str = "flow") -> Path:

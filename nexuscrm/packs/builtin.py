@@ -17,6 +17,8 @@ from nexuscrm.packs.model import Category, PackManifest
 from nexuscrm.packs.ordering import order_packs
 
 PLATFORM_PACKS_DIR: Final = Path(__file__).resolve().parent / "platform"
+# Connector packs shipped with the product; installed on request (``--app-pack``).
+CONNECTOR_PACKS_DIR: Final = Path(__file__).resolve().parent / "connectors"
 PACKS_DIR_ENV: Final = "NEXUS_PACKS_DIR"
 
 
