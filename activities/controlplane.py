@@ -8,7 +8,9 @@ timeout and the retry lands on a live one.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, ParamSpec, TypeVar
@@ -28,7 +30,8 @@ from nexuscrm.controlplane import (
     repair,
     verify,
 )
-from nexuscrm.db.dialect import PERMANENT_DB_ERRORS, describe_error, is_transient
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import describe_error, is_permanent, is_transient, table_names
 from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
@@ -47,6 +50,51 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class _Ticker:
+    """Heartbeats every ``interval`` seconds from a side thread while a phase runs.
+
+    Every phase heartbeats, not only the ones with progress to report, so a
+    worker that dies in any phase is noticed within the heartbeat timeout
+    instead of the phase's start-to-close limit. The ticker repeats the last
+    details the phase reported, so resumable phases keep their progress.
+    """
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.details: tuple[Any, ...] = ()
+        self._stop = threading.Event()
+        self._ctx = contextvars.copy_context()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def beat(self, *details: Any) -> None:
+        self.details = details
+        activity.heartbeat(*details)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._ctx.run(activity.heartbeat, *self.details)
+
+    def __enter__(self) -> _Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1)
+
+
+_TICKER: contextvars.ContextVar[_Ticker | None] = contextvars.ContextVar("_TICKER", default=None)
+
+
+def heartbeat(*details: Any) -> None:
+    """Report progress from inside a phase (kept by the ticker between calls)."""
+    ticker = _TICKER.get()
+    if ticker is None:
+        activity.heartbeat(*details)
+    else:
+        ticker.beat(*details)
+
+
 def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn domain ``FatalError``s into non-retryable ``ApplicationError``s.
 
@@ -58,8 +106,11 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ticker = _Ticker()
+        token = _TICKER.set(ticker)
         try:
-            return fn(*args, **kwargs)
+            with ticker:
+                return fn(*args, **kwargs)
         except FatalError as exc:
             details: list[Any] = []
             if isinstance(exc, VerifyError):
@@ -72,10 +123,12 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
                 raise
             # Constraint and data errors repeat identically on retry: fail now.
             raise ApplicationError(
-                describe_error(exc),
+                describe_error(exc, with_type=False),
                 type=type(exc).__name__,
-                non_retryable=isinstance(exc, PERMANENT_DB_ERRORS),
+                non_retryable=is_permanent(exc),
             ) from exc
+        finally:
+            _TICKER.reset(token)
 
     return wrapper
 
@@ -97,7 +150,20 @@ class ControlPlaneActivities:
     @activity.defn(name="controlplane.acquire_lease")
     @fatal_is_final
     def acquire_lease(self, req: PhaseRequest) -> int:
-        """Create the system schema if needed and take a new lease epoch for this run."""
+        """Check this run is for this worker's database, then take a new lease epoch.
+
+        The workflow id names the database (``controlplane/<database id>``); a
+        run whose id names another database is refused (non-retryable) so it
+        can never converge the wrong database. Creates the system schema first.
+        """
+        expected = self.settings.controlplane_workflow_id
+        running = activity.info().workflow_id
+        if running != expected:
+            raise FatalError(
+                f"this worker serves database {self.settings.database_id} (workflow id "
+                f"{expected}); refusing workflow {running}: start it with the id {expected}, "
+                "or run a worker with that database's NEXUS_DATABASE_URL / NEXUS_DATABASE_ID"
+            )
         metadata.ensure_system_schema(self.engine)
         return lease.acquire(self.engine, req.run_id, req.operation)
 
@@ -148,6 +214,8 @@ class ControlPlaneActivities:
             plan = packs_apply.load_plan(
                 self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
             )
+            if t.object_meta.name in table_names(self.engine):
+                packs_apply.validate_plan(catalog.CACHE.get(self.engine), plan)
             return [_plan_info(p) for p in packs_apply.summarize(plan)]
 
     @activity.defn(name="controlplane.apply_metadata")
@@ -203,7 +271,7 @@ class ControlPlaneActivities:
                 raise FatalError(f"packs changed since plan-packs: {changed}")
 
             def beat(result: packs_apply.PackApplyResult) -> None:
-                activity.heartbeat(asdict(result))
+                heartbeat(asdict(result))
 
             results = packs_apply.apply_packs(self.engine, plan, epoch=req.epoch, on_pack=beat)
         created = sum(r.tables_created for r in results)
@@ -227,7 +295,7 @@ class ControlPlaneActivities:
         start_at = int(details[0]) if details else 0
 
         def beat(done: int, total: int, name: str) -> None:
-            activity.heartbeat(done, total, name)
+            heartbeat(done, total, name)
 
         with logged_phase(req.operation, "ensure-indexes", resume_at=start_at):
             r = indexes.ensure_indexes(self.engine, req.epoch, start_at=start_at, progress=beat)

@@ -11,11 +11,12 @@ import re
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
+KNOWN_ENVS = frozenset({"development", "dev", "test", "staging", "production", "prod"})
 
 
 def default_database_url() -> str:
@@ -76,6 +77,42 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
     serving_selection: str | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, v: str) -> str:
+        try:
+            backend = make_url(v).get_backend_name()
+        except Exception as exc:
+            raise ValueError(f"NEXUS_DATABASE_URL is not a database URL: {exc}") from exc
+        if backend not in {"sqlite", "mysql"}:
+            raise ValueError(
+                f"NEXUS_DATABASE_URL backend {backend!r} is not supported: use "
+                "sqlite:///path/to/file.db or mysql+pymysql://user:password@host:3306/db"
+            )
+        return v
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, v: str) -> str:
+        if v not in {"auto", "console", "json"}:
+            raise ValueError(f"NEXUS_LOG_FORMAT {v!r} must be auto, console or json")
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"NEXUS_LOG_LEVEL {v!r} must be DEBUG, INFO, WARNING or ERROR")
+        return v.upper()
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        # A typo in a production setting must not silently mean development.
+        if v.strip().lower() not in KNOWN_ENVS:
+            raise ValueError(f"NEXUS_ENV {v!r} must be one of {', '.join(sorted(KNOWN_ENVS))}")
+        return v.strip().lower()
 
     @model_validator(mode="after")
     def _task_queues(self) -> Settings:

@@ -56,8 +56,20 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
     )
 
 
+def check_database(settings: Settings) -> None:
+    """Connect once so a wrong URL or password fails at start, not in the first phase.
+
+    Raises ``sqlalchemy.exc.OperationalError`` (the CLI prints it on one line).
+    """
+    engine = make_engine(settings.database_url)
+    with engine.connect():
+        pass
+    engine.dispose()
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Connect, register search attributes, and serve until ``stop`` is set (or forever)."""
+    check_database(settings)
     client = await connect(settings)
     await ensure_search_attributes(client)
     worker = build_worker(client, settings)

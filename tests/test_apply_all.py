@@ -241,6 +241,7 @@ async def test_worker_killed_mid_apply_packs_resumes_to_same_result(
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
         "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
         "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
         "NEXUS_LOG_FORMAT": "json",
@@ -309,3 +310,20 @@ def _drop_sibling(url: str) -> None:
     name = engine.url.database
     with engine.begin() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+
+
+async def test_run_for_another_database_is_refused(temporal_env, settings):
+    """A run whose workflow id names another database never touches this worker's database."""
+    async with build_worker(temporal_env.client, settings):
+        handle = await temporal_env.client.start_workflow(
+            "ApplyAll",
+            ApplyAllInput(),
+            id="controlplane/some-other-database",
+            task_queue=settings.controlplane_task_queue,
+            result_type=ApplyAllResult,
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await handle.result()
+    assert "refusing workflow controlplane/some-other-database" in str(info.value.cause)
+    engine = make_engine(settings.database_url)
+    assert markers.read(engine) is None  # nothing was marked, let alone applied

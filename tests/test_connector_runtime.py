@@ -391,6 +391,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
         "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
         "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
         "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,

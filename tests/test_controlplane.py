@@ -700,3 +700,55 @@ def test_database_id_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     settings = Settings()
     assert settings.database_id == "prod-eu-1"
     assert settings.controlplane_workflow_id == "controlplane/prod-eu-1"
+
+
+def test_plan_validation_catches_conflicts_before_any_pack_is_applied(engine: Engine) -> None:
+    with_platform(engine)
+    packs_apply.apply_pack(engine, app_pack("alpha-app"))
+    catalog.CACHE.invalidate()
+    beta = app_pack("beta-app", fields=[{"api_name": "Beta__c", "type": "Text"}])
+    # Two packs of one plan claiming the same new object: caught from the plan alone.
+    gamma = app_pack("gamma-app", obj="Widget__c")
+    delta = app_pack("delta-app", obj="Widget__c")
+    cat = catalog.CACHE.get(engine)
+    with pytest.raises(PackError, match=r"beta-app.*Gizmo__c.*alpha-app"):
+        packs_apply.validate_plan(cat, [beta])
+    with pytest.raises(PackError, match=r"delta-app.*Widget__c.*gamma-app"):
+        packs_apply.validate_plan(cat, [gamma, delta])
+    with engine.connect() as conn:
+        assert pack_row(conn, "beta-app") is None  # nothing recorded: the plan is read-only
+    assert "Widget__c" not in table_names(engine)
+
+
+def test_stored_field_type_change_is_refused_and_verify_sees_column_drift(engine: Engine) -> None:
+    with_platform(engine)
+    packs_apply.apply_pack(engine, app_pack("alpha-app"))
+    catalog.CACHE.invalidate()
+    changed = app_pack(
+        "alpha-app",
+        fields=[
+            {"api_name": "Size__c", "type": "Number"},
+            {"api_name": "Color__c", "type": "Number"},
+        ],
+    )
+    with pytest.raises(PackError, match=r"Color__c changes type from Text to Number"):
+        packs_apply.apply_pack(engine, changed)
+    # Same family is fine: Text(40) -> TextArea.
+    widened = app_pack(
+        "alpha-app",
+        fields=[
+            {"api_name": "Size__c", "type": "Number"},
+            {"api_name": "Color__c", "type": "TextArea"},
+        ],
+    )
+    packs_apply.apply_pack(engine, widened)
+    # Metadata edited behind the control plane's back: verify reports the column.
+    with engine.begin() as conn:
+        conn.execute(
+            update(t.field_meta)
+            .where(t.field_meta.c.ObjectApiName == "Gizmo__c", t.field_meta.c.ApiName == "Color__c")
+            .values(FieldType="Date")
+        )
+        catalog.bump_version(conn)
+    findings = verify.verify(engine, check_indexes=False)
+    assert any("Gizmo__c.Color__c: column Color__c is" in f and "Date" in f for f in findings)

@@ -54,7 +54,6 @@ PHASE_TIMEOUTS: dict[str, timedelta] = {
     "ensure-indexes": timedelta(hours=2),
     "verify": timedelta(minutes=30),
 }
-HEARTBEATING = {"apply-packs", "ensure-indexes"}
 
 
 def _cause(err: BaseException) -> str:
@@ -88,8 +87,9 @@ class _PhaseRunner:
             "start_to_close_timeout": PHASE_TIMEOUTS.get(name, SHORT),
             "retry_policy": PHASE_RETRY,
         }
-        if name in HEARTBEATING:
-            opts["heartbeat_timeout"] = self.heartbeat
+        # Every phase heartbeats (a ticker in the activity), so a dead worker is
+        # noticed within the heartbeat timeout whatever the phase.
+        opts["heartbeat_timeout"] = self.heartbeat
         opts.update(kw)
         try:
             result = await workflow.execute_activity_method(fn, arg, **opts)
@@ -128,7 +128,10 @@ class _PhaseRunner:
     async def _start(self, heartbeat_s: float) -> None:
         self.run_id = workflow.info().run_id
         self.heartbeat = timedelta(seconds=heartbeat_s)
-        workflow.upsert_search_attributes([OPERATION_KEY.value_set(self.operation)])
+        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        workflow.upsert_search_attributes(
+            [OPERATION_KEY.value_set(self.operation), DATABASE_KEY.value_set(database_id)]
+        )
         self.epoch = await self._phase(
             "acquire-lease",
             ControlPlaneActivities.acquire_lease,

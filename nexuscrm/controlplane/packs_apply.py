@@ -34,7 +34,15 @@ from nexuscrm.log import log
 from nexuscrm.packs.builtin import platform_packs
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
-from nexuscrm.packs.model import Category, FieldSpec, ObjectSpec, PackManifest
+from nexuscrm.packs.model import (
+    NUMERIC_TYPES,
+    TEXT_TYPES,
+    Category,
+    FieldSpec,
+    FieldType,
+    ObjectSpec,
+    PackManifest,
+)
 from nexuscrm.packs.ordering import order_packs
 
 # Packs an operator installs (as opposed to the platform packs shipped with the
@@ -120,52 +128,108 @@ def summarize(packs: Sequence[PackManifest]) -> list[PlannedPack]:
     ]
 
 
-def _index_objects(cat: catalog.Catalog, pack: PackManifest) -> dict[str, ObjectSpec]:
-    known: dict[str, ObjectSpec] = {k: o.spec() for k, o in cat.objects.items()}
+# Field types whose stored columns are interchangeable; a change across
+# families would need a data migration, so apply refuses it (fails closed).
+TYPE_FAMILIES: dict[FieldType, str] = {
+    **{t_: "text" for t_ in TEXT_TYPES},
+    **{t_: "number" for t_ in NUMERIC_TYPES},
+    FieldType.Checkbox: "checkbox",
+    FieldType.Date: "date",
+    FieldType.DateTime: "datetime",
+    FieldType.Time: "time",
+    FieldType.Lookup: "reference",
+    FieldType.MasterDetail: "reference",
+    FieldType.Location: "location",
+    FieldType.Summary: "summary",
+}
+
+
+@dataclass
+class _PlanState:
+    """What the catalog would hold after the packs checked so far."""
+
+    objects: dict[str, str]  # object lower -> owning pack ('' discovered)
+    fields: dict[tuple[str, str], str]  # (object, field) lower -> owning pack
+    stored: dict[tuple[str, str], FieldSpec]  # stored fields of the live catalog
+
+    @classmethod
+    def of(cls, cat: catalog.Catalog) -> _PlanState:
+        stored = {
+            (o.api_name.lower(), f.api_name.lower()): f
+            for o in cat.objects.values()
+            for f in o.fields
+            if f.is_stored
+        }
+        objects = {k: o.pack_name for k, o in cat.objects.items()}
+        return cls(objects, dict(cat.field_owners), stored)
+
+
+def _check(pack: PackManifest, state: _PlanState) -> None:
+    own = {o.api_name.lower() for o in pack.objects if not o.extends}
+    known = set(state.objects) | own
+    for o in pack.objects:
+        key = o.api_name.lower()
+        if o.extends:
+            if key not in known:
+                raise PackError(
+                    pack.name,
+                    f"object {o.api_name} extends a standard object that no installed pack defines",
+                )
+        elif state.objects.get(key, "") not in ("", pack.name):
+            raise PackError(
+                pack.name, f"object {o.api_name} is already owned by pack {state.objects[key]}"
+            )
+        for f in o.fields:
+            fkey = (key, f.api_name.lower())
+            if f.reference_to and f.reference_to.lower() not in known:
+                raise PackError(
+                    pack.name,
+                    f"field {o.api_name}.{f.api_name} references unknown object {f.reference_to}",
+                )
+            owner = state.fields.get(fkey)
+            if owner not in (None, "", pack.name):
+                raise PackError(
+                    pack.name, f"field {o.api_name}.{f.api_name} is already owned by pack {owner}"
+                )
+            old = state.stored.get(fkey)
+            if old is not None and f.is_stored and TYPE_FAMILIES[old.type] != TYPE_FAMILIES[f.type]:
+                raise PackError(
+                    pack.name,
+                    f"field {o.api_name}.{f.api_name} changes type from {old.type} to {f.type}; "
+                    "a stored column cannot change type family in place (migrate the data "
+                    "to a new field instead)",
+                )
+
+
+def _record(pack: PackManifest, state: _PlanState) -> None:
     for o in pack.objects:
         if not o.extends:
-            known[o.api_name.lower()] = o
-    return known
+            state.objects[o.api_name.lower()] = pack.name
+        for f in o.fields:
+            state.fields[(o.api_name.lower(), f.api_name.lower())] = pack.name
 
 
 def validate_pack(cat: catalog.Catalog, pack: PackManifest) -> None:
     """Check a pack against the catalog before anything of it is written.
 
     Raises ``PackError`` for: an extension of an object nobody defines; an
-    object or field owned by another pack; a lookup to an unknown object.
+    object or field owned by another pack; a lookup to an unknown object; a
+    stored field whose type changes family (Text -> Number).
     """
-    known = _index_objects(cat, pack)
-    for o in pack.objects:
-        existing = cat.get(o.api_name)
-        if o.extends:
-            if existing is None and o.api_name.lower() not in known:
-                raise PackError(
-                    pack.name,
-                    f"object {o.api_name} extends a standard object that no installed pack defines",
-                )
-        elif existing is not None and existing.pack_name not in ("", pack.name):
-            raise PackError(
-                pack.name, f"object {o.api_name} is already owned by pack {existing.pack_name}"
-            )
-        for f in o.fields:
-            if f.reference_to and f.reference_to.lower() not in known:
-                raise PackError(
-                    pack.name,
-                    f"field {o.api_name}.{f.api_name} references unknown object {f.reference_to}",
-                )
-    with_owner = _field_owners(cat)
-    for o in pack.objects:
-        for f in o.fields:
-            owner = with_owner.get((o.api_name.lower(), f.api_name.lower()))
-            if owner not in (None, "", pack.name):
-                raise PackError(
-                    pack.name, f"field {o.api_name}.{f.api_name} is already owned by pack {owner}"
-                )
+    _check(pack, _PlanState.of(cat))
 
 
-def _field_owners(cat: catalog.Catalog) -> dict[tuple[str, str], str]:
-    # The catalog keeps specs only; owners come from the rows themselves.
-    return cat.field_owners
+def validate_plan(cat: catalog.Catalog, packs: Sequence[PackManifest]) -> None:
+    """``validate_pack`` for a whole ordered plan, before any pack is applied.
+
+    Each pack is checked against the catalog as the earlier packs of the plan
+    would leave it, so an ownership conflict or a dangling lookup fails
+    plan-packs (read-only) instead of half-way through apply-packs.
+    """
+    state = _PlanState.of(cat)
+    for pack in packs:
+        _check(pack, state)
+        _record(pack, state)
 
 
 def _merged_spec(cat: catalog.Catalog, o: ObjectSpec) -> ObjectSpec:

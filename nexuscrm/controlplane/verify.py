@@ -6,8 +6,24 @@ readiness ``Verify``; read-only).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy import (
+    Boolean,
+    Date,
+    DateTime,
+    Engine,
+    Float,
+    Integer,
+    Numeric,
+    String,
+    Text,
+    Time,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.types import TypeEngine
 
 from nexuscrm.controlplane import catalog
 from nexuscrm.controlplane.indexes import standard_indexes
@@ -17,7 +33,14 @@ from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.db.dialect import view_names as physical_views
 from nexuscrm.formulas import view_name
 from nexuscrm.packs.hashing import payload_hash
-from nexuscrm.packs.model import PackManifest
+from nexuscrm.packs.model import (
+    NUMERIC_TYPES,
+    REFERENCE_TYPES,
+    TEXT_TYPES,
+    FieldSpec,
+    FieldType,
+    PackManifest,
+)
 
 
 def verify(
@@ -43,11 +66,16 @@ def verify(
         if obj.table_name not in tables:
             findings.append(f"object {obj.api_name}: table {obj.table_name} is missing")
             continue
-        cols = {c["name"].lower() for c in insp.get_columns(obj.table_name)}
+        cols = {c["name"].lower(): c["type"] for c in insp.get_columns(obj.table_name)}
         for f in obj.fields:
             for col in f.column_names():
                 if col.lower() not in cols:
                     findings.append(f"field {obj.api_name}.{f.api_name}: column {col} is missing")
+                elif not _type_fits(f, cols[col.lower()]):
+                    findings.append(
+                        f"field {obj.api_name}.{f.api_name}: column {col} is "
+                        f"{cols[col.lower()]}, metadata says {f.type}"
+                    )
         vname = view_name(obj.api_name)
         if vname not in views:
             findings.append(f"object {obj.api_name}: view {vname} is missing")
@@ -65,6 +93,28 @@ def verify(
             findings.append(f"index {spec.name} on {spec.table} is missing")
     findings += verify_packs(engine, expected_hashes or {})
     return findings
+
+
+def _type_fits(field: FieldSpec, column_type: TypeEngine[Any]) -> bool:
+    """Whether a reflected column can hold the field's values (same type family).
+
+    Loose on purpose: dialects reflect BOOLEAN as TINYINT and DECIMAL/INTEGER
+    variously; what matters is text vs number vs date/time.
+    """
+    t_ = field.type
+    if t_ in TEXT_TYPES or t_ in REFERENCE_TYPES:
+        return isinstance(column_type, String | Text)
+    if t_ in NUMERIC_TYPES or t_ == FieldType.Location:
+        return isinstance(column_type, Numeric | Integer | Float)
+    if t_ == FieldType.Checkbox:
+        return isinstance(column_type, Boolean | Integer | Numeric)
+    if t_ == FieldType.DateTime:
+        return isinstance(column_type, DateTime)
+    if t_ == FieldType.Date:
+        return isinstance(column_type, Date) and not isinstance(column_type, DateTime)
+    if t_ == FieldType.Time:
+        return isinstance(column_type, Time)
+    return True
 
 
 def verify_packs(engine: Engine, expected_hashes: dict[str, str]) -> list[str]:

@@ -154,16 +154,29 @@ def is_transient(exc: BaseException) -> bool:
 PERMANENT_DB_ERRORS = (IntegrityError, DataError)
 
 
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
+# Access denied, unknown database: no retry fixes a wrong credential or name.
+_PERMANENT_MYSQL_CODES = {1044, 1045, 1049}
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for database errors that repeat identically on retry (constraint,
+    data, access denied, unknown database)."""
+    if isinstance(exc, PERMANENT_DB_ERRORS):
+        return True
+    args: tuple[Any, ...] = tuple(getattr(getattr(exc, "orig", None), "args", ()))
+    return bool(args) and isinstance(args[0], int) and args[0] in _PERMANENT_MYSQL_CODES
+
+
+def describe_error(exc: BaseException, limit: int = 2000, *, with_type: bool = True) -> str:
     """One readable line for an error: the driver's message, never bound parameters.
 
     SQLAlchemy errors otherwise carry the whole statement and its parameters
     (a pack payload can be megabytes) into markers and workflow failures.
     """
     if isinstance(exc, DBAPIError) and exc.orig is not None:
-        text_ = f"{type(exc.orig).__name__}: {exc.orig}"
+        text_ = f"{type(exc.orig).__name__}: {exc.orig}" if with_type else str(exc.orig)
     else:
-        text_ = f"{type(exc).__name__}: {exc}"
+        text_ = f"{type(exc).__name__}: {exc}" if with_type else str(exc)
     return text_ if len(text_) <= limit else text_[: limit - 3] + "..."
 
 
