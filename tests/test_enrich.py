@@ -1,0 +1,134 @@
+"""Batch-read enrichment against a real local HTTP server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from nexuscrm.connectors.enrich import (
+    EnrichmentError,
+    HttpBatchReadClient,
+    NoopBatchReadClient,
+    client_for_profiles,
+    resolve_credential,
+)
+from nexuscrm.packs.model import CalloutProfile
+
+
+class RemoteApi:
+    """A Salesforce-shaped batch-read endpoint on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.status = 200
+        self.delay = 0.0
+        self.body: Any = None
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls.append(
+                    {"path": self.path, "auth": self.headers.get("Authorization"), **req}
+                )
+                time.sleep(outer.delay)
+                body = (
+                    outer.body
+                    if outer.body is not None
+                    else {
+                        "records": {
+                            i: {"Title__c": f"remote {i}"} for i in req["ids"] if i != "gone"
+                        }
+                    }
+                )
+                data = json.dumps(body).encode()
+                self.send_response(outer.status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def api() -> Iterator[RemoteApi]:
+    server = RemoteApi()
+    yield server
+    server.server.shutdown()
+
+
+def profile(api: RemoteApi, cred: str | None = "sf-prod") -> CalloutProfile:
+    return CalloutProfile(
+        name="batch",
+        endpoint=api.url + "/services",
+        credential_ref=cred,
+        object_path_map={"Broker__c": "/records/Broker__c"},
+    )
+
+
+ENV = {"NEXUS_CREDENTIAL_SF_PROD": "s3cret"}
+
+
+def test_one_call_per_object_kind_with_bearer_credential(api):
+    client = HttpBatchReadClient(profile(api), httpx.Client(), deadline=None, env=ENV)
+    got = client.batch_read("salesforce", "Broker__c", ["b1", "b2", "gone"])
+    assert got == {"b1": {"Title__c": "remote b1"}, "b2": {"Title__c": "remote b2"}}
+    assert api.calls == [
+        {"path": "/services/records/Broker__c", "auth": "Bearer s3cret",
+         "namespace": "salesforce", "ids": ["b1", "b2", "gone"]}
+    ]  # fmt: skip
+    # A kind the profile does not map is not read at all.
+    assert client.batch_read("salesforce", "Property__c", ["p1"]) == {}
+    assert len(api.calls) == 1
+
+
+def test_errors_are_classified(api):
+    client = HttpBatchReadClient(profile(api), httpx.Client(), deadline=None, env=ENV)
+    api.status = 503
+    with pytest.raises(EnrichmentError) as info:
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert info.value.retriable and "503" in str(info.value)
+    api.status = 404
+    with pytest.raises(EnrichmentError) as info:
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert not info.value.retriable
+    api.status, api.body = 200, {"nope": 1}
+    with pytest.raises(EnrichmentError, match="malformed"):
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+
+
+def test_flow_deadline_bounds_the_batch_read(api):
+    api.delay = 1.0
+    client = HttpBatchReadClient(
+        profile(api), httpx.Client(), deadline=timedelta(milliseconds=200), env=ENV
+    )
+    with pytest.raises(EnrichmentError) as info:
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert info.value.retriable and "timed out" in str(info.value)
+
+
+def test_missing_credential_fails_when_the_pool_is_built(api):
+    with pytest.raises(EnrichmentError, match="NEXUS_CREDENTIAL_SF_PROD is not set"):
+        client_for_profiles([profile(api)], httpx.Client(), deadline=None, env={})
+    assert resolve_credential("sf-prod", ENV) == "s3cret"
+
+
+def test_no_eligible_profile_is_the_payload_only_path(api):
+    plain = CalloutProfile(name="other", endpoint=api.url)
+    client = client_for_profiles([plain], httpx.Client(), deadline=None, env={})
+    assert isinstance(client, NoopBatchReadClient)
+    assert client.batch_read("salesforce", "Broker__c", ["b1"]) == {}
+    assert api.calls == []
