@@ -17,6 +17,7 @@ from nexuscrm.controlplane import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, temporal_binary
+from tests.helpers import HookServer
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sfdx"
 MYSQL_URL = os.environ.get("NEXUS_TEST_MYSQL_URL")
@@ -81,3 +82,11 @@ def settings(db_url: str) -> Settings:
         env="development",
         NEXUS_DATABASE_ID=f"test-{uuid.uuid4().hex[:8]}",
     )
+
+
+@pytest.fixture
+def hook() -> Iterator[HookServer]:
+    """A local webhook / batch-read endpoint on 127.0.0.1 (scripted statuses)."""
+    server = HookServer()
+    yield server
+    server.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine, inspect, select
@@ -65,3 +69,34 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "fields": fields,
         "packs": packs,
     }
+
+
+class HookServer:
+    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.script: dict[str, list[int]] = {}  # idempotency source id -> statuses to answer
+        self.delay = 0.0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.received.append(body)
+                time.sleep(outer.delay)
+                key = body["payload"].get("key", "")
+                statuses = outer.script.get(key) or [200]
+                status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()

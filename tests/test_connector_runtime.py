@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from sqlalchemy import Engine, select, text
 from temporalio.testing import WorkflowEnvironment
@@ -155,44 +150,6 @@ async def test_corpus_data_plans_sync_shuffled(temporal_env, settings):
             count = conn.execute(text(f"SELECT COUNT(*) FROM {obj}")).scalar_one()
             expected = sum(1 for r in records if r["attributes"]["type"] == obj)
             assert count == expected, obj  # once: never duplicated
-
-
-class HookServer:
-    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.script: dict[str, list[int]] = {}  # idempotency source id -> statuses to answer
-        self.delay = 0.0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.received.append(body)
-                time.sleep(outer.delay)
-                key = body["payload"].get("key", "")
-                statuses = outer.script.get(key) or [200]
-                status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
-@pytest.fixture
-def hook() -> Iterator[HookServer]:
-    server = HookServer()
-    yield server
-    server.close()
 
 
 def hook_pack(path: Path, url: str, extra_route: bool = False) -> Path:
@@ -385,7 +342,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
                 "fields": {"FirstName": "F", "LastName": f"L{k}"},
             },
         )
-        for k in range(1500)
+        for k in range(3000)
     ]
     workqueue.enqueue(engine, events)
     env = {
@@ -426,7 +383,10 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
         )
     assert abandoned, "no batch was in flight when the worker died"
     for work_id in abandoned[:5]:
-        assert attempts(engine, work_id) == ["abandoned", "succeeded"]
+        # the dead worker's attempt, then the one that finished it (a transient
+        # lock in between may add a retry)
+        history = attempts(engine, work_id)
+        assert history[0] == "abandoned" and history[-1] == "succeeded", history
 
 
 async def test_serving_selection_serves_selected_pack_and_stops_it_when_unverifiable(

@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
+from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.enrich import (
     EnrichmentError,
     HttpBatchReadClient,
@@ -20,7 +22,13 @@ from nexuscrm.connectors.enrich import (
     client_for_profiles,
     resolve_credential,
 )
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.model import CalloutProfile
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.conftest import corpus_project
+from tests.test_connector_runtime import connector_settings, fast_fleet, install, wait_drained
 
 
 class RemoteApi:
@@ -132,3 +140,60 @@ def test_no_eligible_profile_is_the_payload_only_path(api):
     assert isinstance(client, NoopBatchReadClient)
     assert client.batch_read("salesforce", "Broker__c", ["b1"]) == {}
     assert api.calls == []
+
+
+async def test_runtime_enriches_a_batch_with_one_read_per_object(
+    temporal_env, settings, api, tmp_path
+):
+    pack = tmp_path / "enriched.yaml"
+    pack.write_text(
+        json.dumps(
+            {
+                "name": "enriched-sync",
+                "category": "ConnectorPack",
+                "depends_on": ["platform-core"],
+                "inbound_routes": [{"event_kind": "salesforce.record.upsert"}],
+                "callout_profiles": [
+                    {
+                        "name": "batch",
+                        "endpoint": api.url,
+                        "object_path_map": {"Broker__c": "/records/Broker__c"},
+                    }
+                ],
+            }
+        )
+    )
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(corpus_project("dreamhouse-lwc")), str(pack)])
+    engine = make_engine(settings.database_url)
+    (row,) = list_connector_packs(engine)
+    events = [
+        workqueue.EnqueueRequest(
+            installed_pack_id=row.install_id,
+            namespace=row.namespace,
+            event_kind="salesforce.record.upsert",
+            idempotency_key=f"b{k}",
+            source_object="Broker__c",
+            source_id=f"b{k}",
+            payload={
+                "sobject": "Broker__c",
+                "remote_id": f"b{k}",
+                "fields": {"Name": f"Broker {k}", "Title__c": "stale"},
+            },
+        )
+        for k in range(6)
+    ]
+    workqueue.enqueue(engine, events)
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        assert await wait_drained(engine) == {"succeeded": 6}
+        await fleet.signal("stop")
+        await fleet.result()
+    with engine.connect() as conn:
+        titles: dict[str, str] = dict(
+            conn.execute(text("SELECT Name, Title__c FROM Broker__c")).all()
+        )
+    assert titles == {f"Broker {k}": f"remote b{k}" for k in range(6)}
+    # one read per claimed batch and object kind, never one per item
+    assert len(api.calls) < len(events)
+    assert sum(len(c["ids"]) for c in api.calls) == len(events)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import uuid
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import httpx
-from sqlalchemy import Connection, MetaData, Table, select
+from sqlalchemy import Connection, Engine, MetaData, Table, bindparam, select
 
 from nexuscrm.clock import utcnow
 from nexuscrm.controlplane.catalog import Catalog, CatalogObject
@@ -102,6 +105,173 @@ def _columns(obj: CatalogObject) -> dict[str, tuple[FieldSpec, str]]:
     return out
 
 
+_COLUMNS: dict[int, tuple[CatalogObject, dict[str, tuple[FieldSpec, str]]]] = {}
+
+
+def _columns_cached(obj: CatalogObject) -> dict[str, tuple[FieldSpec, str]]:
+    """:func:`_columns` once per catalog object (catalog snapshots are immutable).
+
+    Keyed by identity (hashing the frozen dataclass would hash every field);
+    the entry keeps the object alive, so its id is not reused meanwhile.
+    """
+    entry = _COLUMNS.get(id(obj))
+    if entry is not None and entry[0] is obj:
+        return entry[1]
+    cols = _columns(obj)
+    if len(_COLUMNS) > 4096:  # old catalog versions: start over
+        _COLUMNS.clear()
+    _COLUMNS[id(obj)] = (obj, cols)
+    return cols
+
+
+# Reflected record tables per engine, keyed by (table name, metadata version):
+# every metadata writer bumps the version, so a DDL change is a new key. The
+# reflection itself costs ~10 ms (a dozen PRAGMA / information_schema reads)
+# and a fresh Table object also misses SQLAlchemy's compiled-statement cache.
+_TABLES: weakref.WeakKeyDictionary[Engine, dict[tuple[str, int], Table]] = (
+    weakref.WeakKeyDictionary()
+)
+_TABLES_LOCK = threading.Lock()
+
+
+def record_table(conn: Connection, table_name: str, version: int) -> Table:
+    """The reflected table ``table_name`` at metadata ``version`` (cached per engine)."""
+    engine = conn.engine
+    key = (table_name, version)
+    with _TABLES_LOCK:
+        per_engine = _TABLES.setdefault(engine, {})
+        cached = per_engine.get(key)
+    if cached is not None:
+        return cached
+    table = Table(table_name, MetaData(), autoload_with=conn)
+    with _TABLES_LOCK:
+        per_engine = _TABLES.setdefault(engine, {})
+        # Older versions of this table are dead: drop them.
+        for old in [k for k in per_engine if k[0] == table_name and k[1] != version]:
+            del per_engine[old]
+        return per_engine.setdefault(key, table)
+
+
+@dataclass
+class UpsertRequest:
+    """One event for :func:`upsert_records` (the arguments of :func:`upsert_record`)."""
+
+    owner_key: str
+    namespace: str
+    payload: dict[str, Any]
+    destination_object: str | None = None
+    field_map: dict[str, str] | None = None
+
+
+@dataclass
+class _Prepared:
+    """An event mapped onto its destination, lookups not resolved yet.
+
+    ``refs`` are the lookup columns in field order (parent ``None``: set the
+    column to NULL); ``error`` is a mapping
+    error met after them (a missing parent earlier in the field order wins,
+    as in a field-by-field walk).
+    """
+
+    obj: CatalogObject
+    ident: RemoteIdentity
+    values: dict[str, Any]
+    refs: list[tuple[str, RemoteIdentity | None, str]]
+    error: FlowError | None = None
+
+
+def _prepare(
+    catalog: Catalog,
+    *,
+    owner_key: str,
+    namespace: str,
+    payload: dict[str, Any],
+    destination_object: str | None,
+    field_map: dict[str, str] | None,
+) -> _Prepared:
+    """Map one event (no I/O); raises FlowError('mapping') for what needs no lookup."""
+    sobject = destination_object or payload.get("sobject")
+    remote_id = payload.get("remote_id")
+    if not sobject or not remote_id:
+        raise FlowError("mapping", "event payload lacks sobject or remote_id", retriable=False)
+    obj = catalog.get(str(sobject))
+    if obj is None or not obj.has_table:
+        raise FlowError(
+            "mapping", f"destination object {sobject} is not installed", retriable=False
+        )
+    cols = _columns_cached(obj)
+    mapping: dict[str, str] = {k.lower(): v for k, v in (field_map or {}).items()}
+    values: dict[str, Any] = {}
+    refs: list[tuple[str, RemoteIdentity | None, str]] = []
+    fields = dict(payload.get("fields") or {})
+    references = {k.lower(): v for k, v in (payload.get("references") or {}).items()}
+    ident = RemoteIdentity(owner_key, namespace, obj.api_name, str(remote_id))
+    try:
+        for raw_name, value in fields.items():
+            name: str = mapping.get(str(raw_name).lower(), str(raw_name))
+            if name.lower() in {"name", "ownerid"}:
+                values["Name" if name.lower() == "name" else "OwnerId"] = value
+                continue
+            if name.lower() in {"id", "createddate", "lastmodifieddate", "isdeleted"}:
+                continue  # system columns are the CRM's own
+            spec = cols.get(name.lower())
+            if spec is None:
+                raise FlowError(
+                    "mapping", f"{obj.api_name} has no field {name} (event field {raw_name})",
+                    retriable=False,
+                )  # fmt: skip
+            f, col = spec
+            if f.type in REFERENCE_TYPES:
+                parent_remote = references.get(raw_name.lower(), value)
+                if parent_remote in (None, ""):
+                    refs.append((col, None, ""))
+                    continue
+                parent = RemoteIdentity(
+                    owner_key, namespace, str(f.reference_to), str(parent_remote)
+                )
+                message = (
+                    f"{obj.api_name}.{col}: parent {f.reference_to} {parent_remote} "
+                    "is not linked yet"
+                )
+                refs.append((col, parent, message))
+                continue
+            values[col] = _coerce(obj.api_name, f, col, value)
+    except FlowError as exc:
+        return _Prepared(obj, ident, values, refs, exc)
+    if not values.get("Name"):
+        first, last = fields.get("FirstName"), fields.get("LastName")
+        values["Name"] = " ".join(str(p) for p in (first, last) if p) or str(remote_id)
+    return _Prepared(obj, ident, values, refs)
+
+
+def _resolve(prepared: _Prepared, lookup: Callable[[RemoteIdentity], str | None]) -> dict[str, Any]:
+    """Column values with lookups resolved; raises the event's FlowError, if any."""
+    values = dict(prepared.values)
+    for col, parent, message in prepared.refs:
+        if parent is None:
+            values[col] = None
+            continue
+        record = lookup(parent)
+        if record is None:
+            raise FlowError("dependency-unresolved", message, retriable=True)
+        values[col] = record
+    if prepared.error is not None:
+        raise prepared.error
+    return values
+
+
+def _link_row(ident: RemoteIdentity, record_id: str, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "ConnectorOwnerKey": ident.owner_key,
+        "Namespace": ident.namespace,
+        "DestinationObject": ident.destination_object,
+        "RemoteId": ident.remote_id,
+        "RecordId": record_id,
+        "CreatedDate": now,
+        "LastModifiedDate": now,
+    }
+
+
 def upsert_record(
     conn: Connection,
     catalog: Catalog,
@@ -120,58 +290,20 @@ def upsert_record(
     ``field_map``); ``Name`` falls back to FirstName + LastName, then the
     remote id. Raises ``FlowError``: ``mapping`` (unknown object, field or
     bad value; not retriable) or ``dependency-unresolved`` (a lookup's parent
-    has no remote link yet; retriable).
+    has no remote link yet; retriable). :func:`upsert_records` is the same
+    for many events at once.
     """
-    sobject = destination_object or payload.get("sobject")
-    remote_id = payload.get("remote_id")
-    if not sobject or not remote_id:
-        raise FlowError("mapping", "event payload lacks sobject or remote_id", retriable=False)
-    obj = catalog.get(str(sobject))
-    if obj is None or not obj.has_table:
-        raise FlowError(
-            "mapping", f"destination object {sobject} is not installed", retriable=False
-        )
-    cols = _columns(obj)
-    mapping: dict[str, str] = {k.lower(): v for k, v in (field_map or {}).items()}
-    values: dict[str, Any] = {}
-    fields = dict(payload.get("fields") or {})
-    references = {k.lower(): v for k, v in (payload.get("references") or {}).items()}
-    for raw_name, value in fields.items():
-        name: str = mapping.get(str(raw_name).lower(), str(raw_name))
-        if name.lower() in {"name", "ownerid"}:
-            values["Name" if name.lower() == "name" else "OwnerId"] = value
-            continue
-        if name.lower() in {"id", "createddate", "lastmodifieddate", "isdeleted"}:
-            continue  # system columns are the CRM's own
-        spec = cols.get(name.lower())
-        if spec is None:
-            raise FlowError(
-                "mapping", f"{obj.api_name} has no field {name} (event field {raw_name})",
-                retriable=False,
-            )  # fmt: skip
-        f, col = spec
-        if f.type in REFERENCE_TYPES:
-            parent_remote = references.get(raw_name.lower(), value)
-            if parent_remote in (None, ""):
-                values[col] = None
-                continue
-            parent = RemoteIdentity(owner_key, namespace, str(f.reference_to), str(parent_remote))
-            record = find_link(conn, parent)
-            if record is None:
-                raise FlowError(
-                    "dependency-unresolved",
-                    f"{obj.api_name}.{col}: parent {f.reference_to} {parent_remote} "
-                    "is not linked yet",
-                    retriable=True,
-                )
-            values[col] = record
-            continue
-        values[col] = _coerce(obj.api_name, f, col, value)
-    if not values.get("Name"):
-        first, last = fields.get("FirstName"), fields.get("LastName")
-        values["Name"] = " ".join(str(p) for p in (first, last) if p) or str(remote_id)
-    ident = RemoteIdentity(owner_key, namespace, obj.api_name, str(remote_id))
-    table = Table(obj.table_name, MetaData(), autoload_with=conn)
+    prepared = _prepare(
+        catalog,
+        owner_key=owner_key,
+        namespace=namespace,
+        payload=payload,
+        destination_object=destination_object,
+        field_map=field_map,
+    )
+    values = _resolve(prepared, lambda parent: find_link(conn, parent))
+    ident = prepared.ident
+    table = record_table(conn, prepared.obj.table_name, catalog.version)
     now = utcnow()
     record_id = find_link(conn, ident)
     if record_id is not None:
@@ -186,18 +318,128 @@ def upsert_record(
             )
         )
         # Finalize the record's own remote link in the same transaction.
-        conn.execute(
-            t.connector_remote_link.insert().values(
-                ConnectorOwnerKey=owner_key,
-                Namespace=namespace,
-                DestinationObject=obj.api_name,
-                RemoteId=str(remote_id),
-                RecordId=record_id,
-                CreatedDate=now,
-                LastModifiedDate=now,
-            )
-        )
+        conn.execute(t.connector_remote_link.insert().values(**_link_row(ident, record_id, now)))
     return record_id, ident
+
+
+_IN_CHUNK = 500
+
+
+def find_links(conn: Connection, idents: Iterable[RemoteIdentity]) -> dict[RemoteIdentity, str]:
+    """Record ids linked to ``idents`` (absent ones left out): one query per object."""
+    rl = t.connector_remote_link
+    groups: dict[tuple[str, str, str], set[str]] = {}
+    for ident in idents:
+        groups.setdefault((ident.owner_key, ident.namespace, ident.destination_object), set()).add(
+            ident.remote_id
+        )
+    out: dict[RemoteIdentity, str] = {}
+    for (owner, ns, obj), remote_ids in groups.items():
+        ordered = sorted(remote_ids)
+        for start in range(0, len(ordered), _IN_CHUNK):
+            rows = conn.execute(
+                select(rl.c.RemoteId, rl.c.RecordId).where(
+                    rl.c.ConnectorOwnerKey == owner,
+                    rl.c.Namespace == ns,
+                    rl.c.DestinationObject == obj,
+                    rl.c.RemoteId.in_(ordered[start : start + _IN_CHUNK]),
+                )
+            ).all()
+            for remote_id, record_id in rows:
+                out[RemoteIdentity(owner, ns, obj, remote_id)] = record_id
+    return out
+
+
+def upsert_records(
+    conn: Connection, catalog: Catalog, requests: Sequence[UpsertRequest]
+) -> list[tuple[str, RemoteIdentity] | FlowError]:
+    """:func:`upsert_record` for many events in the caller's transaction, batched.
+
+    The result is parallel to ``requests``: ``(record id, identity)`` or the
+    event's ``FlowError`` (that event wrote nothing). Same outcome as running
+    :func:`upsert_record` on each event in order — an event sees the links
+    and records of the events before it — in a few statements: one link
+    lookup per destination object, one multi-row INSERT per (table, column
+    set) for new records, one UPDATE per changed record, one INSERT of the
+    new links. A database error fails the whole call (the caller rolls back).
+    """
+    prepared: list[_Prepared | FlowError] = []
+    wanted: set[RemoteIdentity] = set()
+    for req in requests:
+        try:
+            p = _prepare(
+                catalog,
+                owner_key=req.owner_key,
+                namespace=req.namespace,
+                payload=req.payload,
+                destination_object=req.destination_object,
+                field_map=req.field_map,
+            )
+        except FlowError as exc:
+            prepared.append(exc)
+            continue
+        prepared.append(p)
+        wanted.add(p.ident)
+        wanted.update(parent for _c, parent, _m in p.refs if parent is not None)
+    links = find_links(conn, wanted) if wanted else {}
+    now = utcnow()
+    tables: dict[str, Table] = {}
+    inserts: dict[str, tuple[str, dict[str, Any]]] = {}  # record id -> (table, row)
+    updates: dict[str, tuple[str, dict[str, Any]]] = {}  # record id -> (table, values)
+    new_links: list[dict[str, Any]] = []
+    out: list[tuple[str, RemoteIdentity] | FlowError] = []
+    for entry in prepared:
+        if isinstance(entry, FlowError):
+            out.append(entry)
+            continue
+        p = entry
+        try:
+            values = _resolve(p, links.get)
+        except FlowError as exc:
+            out.append(exc)
+            continue
+        name = p.obj.table_name
+        if name not in tables:
+            tables[name] = record_table(conn, name, catalog.version)
+        record_id = links.get(p.ident)
+        if record_id is None:
+            record_id = uuid.uuid4().hex[:18]
+            links[p.ident] = record_id
+            inserts[record_id] = (
+                name,
+                {
+                    "Id": record_id,
+                    "CreatedDate": now,
+                    "LastModifiedDate": now,
+                    "IsDeleted": False,
+                    **values,
+                },
+            )
+            new_links.append(_link_row(p.ident, record_id, now))
+        elif record_id in inserts:  # created earlier in this batch: fold the update in
+            inserts[record_id][1].update(values, LastModifiedDate=now)
+        else:
+            pending = updates.setdefault(record_id, (name, {}))[1]
+            pending.update(values, LastModifiedDate=now)
+        out.append((record_id, p.ident))
+    # Group rows by (table, column set): an executemany needs one shape, and
+    # SQLAlchemy turns an INSERT executemany into multi-row VALUES batches.
+    insert_groups: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for name, row in inserts.values():
+        insert_groups.setdefault((name, tuple(sorted(row))), []).append(row)
+    for (name, _cols), rows in insert_groups.items():
+        conn.execute(tables[name].insert(), rows)
+    update_groups: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for record_id, (name, values) in updates.items():
+        update_groups.setdefault((name, tuple(sorted(values))), []).append(
+            {"_record_id": record_id, **values}
+        )
+    for (name, _cols), rows in update_groups.items():
+        table = tables[name]
+        conn.execute(table.update().where(table.c.Id == bindparam("_record_id")), rows)
+    if new_links:
+        conn.execute(t.connector_remote_link.insert(), new_links)
+    return out
 
 
 def post_webhook(

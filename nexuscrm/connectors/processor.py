@@ -1,25 +1,39 @@
 """Process one claimed batch: resolve each item's route, run its flow, finish it.
 
-Port of the seed's ``connector_inbound.Worker`` per-event step. Each item ends
-in one transaction together with the flow's own writes (record upsert and
-remote link), so a crash leaves either nothing or everything; a lease lost to
-a stale reclaim makes the finish a no-op (``LeaseLost``) and the other worker
-owns the item.
+Port of the seed's ``connector_inbound.Worker`` per-event step, batched. The
+``upsert_record`` items of a batch run in one transaction per ``CHUNK``:
+their leases are held (locked) first, the flow's writes (records and remote
+links) are a few multi-row statements, and every item is finished in the
+same transaction (one compare-and-set UPDATE and one attempts INSERT for the
+successes), so a crash leaves either nothing or everything of the chunk. An
+item whose lease was lost to a stale reclaim is left alone (the other worker
+owns it). A database error in a chunk rolls it back and the chunk is redone
+item by item, one transaction each (the seed's shape), which isolates the bad
+item. Webhook items run one by one (an external call each).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import workqueue
-from nexuscrm.connectors.flows import FlowError, post_webhook, upsert_record
+from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
+from nexuscrm.connectors.flows import (
+    FlowError,
+    RemoteIdentity,
+    UpsertRequest,
+    post_webhook,
+    upsert_record,
+    upsert_records,
+)
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
 from nexuscrm.controlplane import catalog
 from nexuscrm.db.dialect import describe_error, is_transient
@@ -29,6 +43,22 @@ from nexuscrm.log import log
 # (the identity-convergence wait replaces this polling).
 DEPENDENCY_RETRY = dt.timedelta(seconds=1)
 MAX_ATTEMPTS = 8
+# Flow items per transaction (a batch is at most this in the default profiles).
+CHUNK = 100
+
+
+@dataclass
+class _Plan:
+    """What one claimed item runs: a batched flow request, a webhook, or an error."""
+
+    request: UpsertRequest | None = None
+    webhook: bool = False
+    error: Exception | None = None
+
+
+def _count(outcome: BatchOutcome, kind: str, failure_class: str) -> None:
+    setattr(outcome, kind, getattr(outcome, kind) + 1)
+    outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
 
 
 @dataclass
@@ -62,6 +92,7 @@ class Processor:
         self.http = http or httpx.Client()
         self.flow_deadline = flow_deadline
         self.max_attempts = max_attempts
+        self._clients: dict[str, BatchReadClient] = {}
 
     def process(
         self,
@@ -69,17 +100,224 @@ class Processor:
         *,
         on_item: Callable[[], None] | None = None,
     ) -> BatchOutcome:
-        """Process ``items`` in claim order; ``on_item`` runs after each (heartbeat)."""
+        """Process ``items``; ``on_item`` runs after each (the heartbeat).
+
+        Items of a batch are heads of distinct lanes, so they are independent:
+        the ``upsert_record`` items (and items that fail before any flow runs)
+        go through :meth:`_flow_chunk`, ``CHUNK`` at a time, one transaction
+        each; webhook items run one by one after them (an external call per
+        item). ``on_item`` is never called inside a transaction: it may
+        extend the leases, which the open transaction holds locked.
+        """
         outcome = BatchOutcome()
         cat = catalog.CACHE.get(self.engine)
+        items, enrich_errors = self._enrich(items)
+        batched: list[tuple[workqueue.ClaimedItem, _Plan]] = []
+        single: list[workqueue.ClaimedItem] = []
         for item in items:
-            try:
-                self._one(item, cat, outcome)
-            except workqueue.LeaseLost:
-                outcome.lost += 1
+            error = enrich_errors.get(item.work_id)
+            plan = _Plan(error=error) if error is not None else self._plan(item)
+            if plan.webhook:
+                single.append(item)
+            else:
+                batched.append((item, plan))
+        for start in range(0, len(batched), CHUNK):
+            chunk = batched[start : start + CHUNK]
+            if not self._flow_chunk(chunk, cat, outcome):
+                # Something in the chunk raised a database error (or lost a
+                # lease between hold and finish): nothing of it was written.
+                # Redo it item by item, one transaction each, which isolates
+                # the bad item and classifies its error.
+                for item, _plan in chunk:
+                    self._one_guarded(item, cat, outcome)
+                    if on_item is not None:
+                        on_item()
+                continue
+            if on_item is not None:
+                for _ in chunk:
+                    on_item()
+        for item in single:
+            self._one_guarded(item, cat, outcome)
             if on_item is not None:
                 on_item()
         return outcome
+
+    def forget(self) -> None:
+        """Drop cached routes and batch clients (after packs changed)."""
+        self.routes.forget()
+        self._clients.clear()
+
+    def _batch_client(self, install_id: str) -> BatchReadClient:
+        client = self._clients.get(install_id)
+        if client is None:
+            pack = self.routes.pack(install_id)
+            client = client_for_profiles(
+                pack.pack.callout_profiles, self.http, deadline=self.flow_deadline
+            )
+            self._clients[install_id] = client
+        return client
+
+    def _enrich(
+        self, items: Sequence[workqueue.ClaimedItem]
+    ) -> tuple[list[workqueue.ClaimedItem], dict[str, FlowError]]:
+        """Lay each record's current remote fields over its payload fields.
+
+        One batch read per (pack, namespace, source object) for the whole
+        batch. A failed read fails only the items of that group, with class
+        ``enrichment-failed`` (retried when the error is retriable).
+        """
+        groups: dict[tuple[str, str, str], list[workqueue.ClaimedItem]] = {}
+        for item in items:
+            groups.setdefault(
+                (item.installed_pack_id, item.namespace, item.source_object), []
+            ).append(item)
+        enriched: dict[str, workqueue.ClaimedItem] = {}
+        errors: dict[str, FlowError] = {}
+        for (install_id, namespace, source_object), members in groups.items():
+            try:
+                client = self._batch_client(install_id)
+                remote = client.batch_read(namespace, source_object, [m.source_id for m in members])
+            except RouteNotFoundError:
+                continue  # the item fails with route-not-found in _plan
+            except EnrichmentError as exc:
+                for m in members:
+                    errors[m.work_id] = FlowError(
+                        "enrichment-failed", str(exc), retriable=exc.retriable
+                    )
+                continue
+            for m in members:
+                fields = remote.get(m.source_id)
+                if fields:
+                    payload = dict(m.payload)
+                    payload["fields"] = {**dict(payload.get("fields") or {}), **fields}
+                    enriched[m.work_id] = dataclasses.replace(m, payload=payload)
+        return [enriched.get(i.work_id, i) for i in items], errors
+
+    def _plan(self, item: workqueue.ClaimedItem) -> _Plan:
+        """Resolve the item's route: its flow request, or the error it fails with."""
+        try:
+            route = self.routes.resolve(item.installed_pack_id, item.event_kind, item.route_version)
+            pack = self.routes.pack(item.installed_pack_id)
+            if route.invocation_mode != "flow":
+                raise FlowError(
+                    "runtime-handoff-unavailable",
+                    f"route {route.event_kind} v{route.route_version} hands off to a runtime "
+                    "service; this supervisor runs local flows only",
+                    retriable=False,
+                )
+        except (RouteNotFoundError, FlowError) as exc:
+            return _Plan(error=exc)
+        except Exception:  # classified by the one-by-one path
+            return _Plan(webhook=True)
+        if route.flow == "webhook":
+            return _Plan(webhook=True)
+        return _Plan(
+            request=UpsertRequest(
+                owner_key=pack.namespace,
+                namespace=item.namespace,
+                payload=item.payload,
+                destination_object=route.destination_object,
+                field_map=route.field_map,
+            )
+        )
+
+    def _flow_chunk(
+        self,
+        chunk: Sequence[tuple[workqueue.ClaimedItem, _Plan]],
+        cat: catalog.Catalog,
+        outcome: BatchOutcome,
+    ) -> bool:
+        """Run a chunk of flow items in ONE transaction; False if it must be redone one by one.
+
+        Holds the chunk's leases (items whose lease is lost are counted and
+        left alone), runs :func:`upsert_records` for the rest, and finishes
+        every item in the same transaction: successes with one batched
+        compare-and-set and one attempts INSERT, flow errors (which wrote
+        nothing) with their retry or failure. A database error anywhere rolls
+        the whole chunk back and returns False.
+        """
+        start = time.monotonic()
+        counts = BatchOutcome()
+        try:
+            with workqueue.write_transaction(self.engine) as conn:
+                held = {i.work_id for i in workqueue.hold_leases(conn, [i for i, _p in chunk])}
+                live = [(i, p) for i, p in chunk if i.work_id in held]
+                counts.lost = len(chunk) - len(live)
+                flow_items = [(i, p.request) for i, p in live if p.request is not None]
+                results = upsert_records(conn, cat, [r for _i, r in flow_items])
+                by_work: dict[str, tuple[str, RemoteIdentity] | Exception] = {
+                    i.work_id: res for (i, _r), res in zip(flow_items, results, strict=True)
+                }
+                if self.flow_deadline and time.monotonic() - start > (
+                    self.flow_deadline.total_seconds()
+                ):
+                    late = FlowError("flow-deadline", "flow exceeded its deadline", retriable=True)
+                    by_work = {w: late for w, res in by_work.items()}
+                succeeded: list[workqueue.ClaimedItem] = []
+                for item, plan in live:
+                    res = plan.error if plan.error is not None else by_work[item.work_id]
+                    if not isinstance(res, Exception):
+                        succeeded.append(item)
+                        continue
+                    self._finish_error(conn, item, res, counts)
+                workqueue.finish_succeeded_many(conn, succeeded)
+                counts.succeeded = len(succeeded)
+        except Exception as exc:  # the one-by-one redo classifies it
+            log.warning(
+                "connector batch rolled back; redoing it item by item",
+                items=len(chunk),
+                err=describe_error(exc),
+            )
+            return False
+        outcome.succeeded += counts.succeeded
+        outcome.retried += counts.retried
+        outcome.failed += counts.failed
+        outcome.lost += counts.lost
+        for key, n in counts.failure_classes.items():
+            outcome.failure_classes[key] = outcome.failure_classes.get(key, 0) + n
+        return True
+
+    def _finish_error(
+        self,
+        conn: Connection,
+        item: workqueue.ClaimedItem,
+        exc: Exception,
+        outcome: BatchOutcome,
+    ) -> None:
+        """Finish ``item`` after a route or flow error, in ``conn``'s transaction."""
+        if isinstance(exc, FlowError):
+            if exc.retriable and (
+                exc.failure_class == "dependency-unresolved" or item.attempt < self.max_attempts
+            ):
+                delay = (
+                    DEPENDENCY_RETRY
+                    if exc.failure_class == "dependency-unresolved"
+                    else workqueue.retry_backoff(item.attempt)
+                )
+                workqueue.finish_retry(
+                    conn,
+                    item,
+                    run_after=utcnow() + delay,
+                    failure_class=exc.failure_class,
+                    summary=str(exc),
+                )
+                _count(outcome, "retried", exc.failure_class)
+                return
+            failure_class = exc.failure_class
+        elif isinstance(exc, RouteNotFoundError):
+            failure_class = "route-not-found"
+        else:  # pragma: no cover - only FlowError / RouteNotFoundError reach here
+            raise exc
+        workqueue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
+        _count(outcome, "failed", failure_class)
+
+    def _one_guarded(
+        self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
+    ) -> None:
+        try:
+            self._one(item, cat, outcome)
+        except workqueue.LeaseLost:
+            outcome.lost += 1
 
     def _one(
         self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome

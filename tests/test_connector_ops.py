@@ -1,0 +1,63 @@
+"""Operator surfaces of the connector runtime: prune update, `connectors status`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from typer.testing import CliRunner
+
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.db.engine import make_engine
+from nexusctl.cli import app
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.test_connector_runtime import (
+    connector_settings,
+    fast_fleet,
+    hook_events,
+    hook_pack,
+    install,
+    wait_drained,
+    wait_pools,
+)
+
+
+async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
+    temporal_env,
+    settings,
+    hook,
+    tmp_path,
+):
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    hook.script = {"bad": [400]}
+    workqueue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        "COLUMNS": "300",
+    }
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        (pool,) = await wait_pools(fleet, 1)
+        await wait_drained(engine)
+        result = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "status"], env=env)
+        assert result.exit_code == 0, result.output
+        assert "hook-pack" in result.output
+        assert "8 (0 restarts)" in result.output  # eight workers, none restarted
+        assert "succeeded/default=2" in result.output
+        assert "webhook-http-400=1" in result.output
+        # prune: the incarnation's pool drains now, without waiting for a reconcile.
+        assert await fleet.execute_update("prune", args=["hook-pack", pack.install_id]) is True
+        assert await fleet.execute_update("prune", args=["hook-pack", "nope"]) is False
+        supervisor = temporal_env.client.get_workflow_handle(pool.supervisor_workflow_id)
+        assert await supervisor.result() == "drained"
+        await fleet.signal("stop")
+        await fleet.result()
