@@ -71,8 +71,11 @@ class _Ticker:
         activity.heartbeat(*details)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._ctx.run(activity.heartbeat, *self.details)
+        try:
+            while not self._stop.wait(self.interval):
+                self._ctx.run(activity.heartbeat, *self.details)
+        except BaseException:  # a cancellation raised into this thread ends the ticker only
+            return
 
     def __enter__(self) -> _Ticker:
         self._thread.start()

@@ -11,8 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, temporal_binary
+
+STOP_TIMEOUT_S = 10.0
+
+
+class DevServerError(NexusError, RuntimeError):
+    """The dev server cannot be started (no ``temporal`` binary, it exited, or it is too slow)."""
 
 
 def reachable(address: str, timeout: float = 0.5) -> bool:
@@ -30,6 +37,33 @@ def ui_port(settings: Settings) -> int:
     return int(settings.temporal_address.rpartition(":")[2]) + 1000
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started by :func:`dev_server`: its whole process group.
+
+    SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``; a ``KeyboardInterrupt``
+    while waiting (a second Ctrl-C) kills the group at once, then propagates.
+    Does nothing when the server is already gone.
+    """
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    proc.wait()
+
+
 @contextmanager
 def dev_server(
     settings: Settings, *, ui: bool = True, state_dir: Path = Path(".nexus")
@@ -39,16 +73,22 @@ def dev_server(
     Yields ``None`` (and starts nothing) when a server already answers there.
     State persists in ``<state_dir>/temporal.db`` so workflow history survives
     restarts. The server runs in its own process group and is stopped (SIGTERM,
-    then SIGKILL after 10 s) on exit. Raises ``RuntimeError`` if it does not
-    accept connections within 60 s.
+    then SIGKILL after 10 s) however the block exits (an exception,
+    ``KeyboardInterrupt``, or a SIGTERM the caller turned into one). Raises
+    ``DevServerError`` (a ``RuntimeError``) when the ``temporal`` CLI is
+    missing, the server exits, or it does not accept connections within 60 s.
     """
     if reachable(settings.temporal_address):
         yield None
         return
+    try:
+        binary = temporal_binary()
+    except FileNotFoundError as exc:
+        raise DevServerError(str(exc)) from exc
     host, _, port = settings.temporal_address.rpartition(":")
     state_dir.mkdir(parents=True, exist_ok=True)
     args = [
-        temporal_binary(), "server", "start-dev",
+        binary, "server", "start-dev",
         "--ip", host or "127.0.0.1", "--port", port,
         "--namespace", settings.temporal_namespace,
         "--db-filename", str(state_dir / "temporal.db"),
@@ -63,20 +103,16 @@ def dev_server(
         deadline = time.monotonic() + 60
         while not reachable(settings.temporal_address):
             if proc.poll() is not None:
-                raise RuntimeError(
+                raise DevServerError(
                     f"temporal dev server exited with {proc.returncode}; "
                     f"see {state_dir / 'temporal-server.log'}"
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError("temporal dev server did not start within 60 s")
+                raise DevServerError("temporal dev server did not start within 60 s")
             time.sleep(0.2)
         yield proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log_file.close()
+        try:
+            stop_server(proc)
+        finally:
+            log_file.close()

@@ -9,12 +9,25 @@ event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+import contextlib
+import importlib.metadata
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import yaml
 from sqlalchemy import delete, inspect, select
+from sqlalchemy.engine import make_url
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -27,10 +40,12 @@ from nexuscrm.log import configure_logging
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
+from nexusctl import cli
 from nexusctl.cli import app
+from nexusctl.devserver import reachable
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
-from tests.conftest import corpus_project
+from tests.conftest import MYSQL_URL, corpus_project
 from tests.helpers import snapshot
 from workflows.models import ApplyAllInput, ApplyAllResult
 
@@ -66,14 +81,14 @@ def cli_env(
     return out
 
 
-def invoke(args: Sequence[str], env: dict[str, str]) -> Result:
+def invoke(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
     try:
         return runner.invoke(app, list(args), env=env)
     finally:
         configure_logging("json", "WARNING")
 
 
-async def invoke_async(args: Sequence[str], env: dict[str, str]) -> Result:
+async def invoke_async(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
     """Run a CLI command in a thread (it runs its own event loop)."""
     return await asyncio.to_thread(invoke, args, env)
 
@@ -128,6 +143,138 @@ def write_sfdx(root: Path, fields: dict[str, str]) -> Path:
     return root
 
 
+def sqlite_path(settings: Settings) -> Path | None:
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return None
+    return Path(url.database)
+
+
+def assert_no_text_after_table(output: str) -> None:
+    """Each table's closing border ends its line: the next output starts a new one."""
+    for line in output.splitlines():
+        if "┘" in line:
+            assert line.rstrip().endswith("┘"), output
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A free TCP port whose +1000 (the dev server's Web UI port) is free too."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port + 1000 < 65536 and _bindable(port + 1000):
+            return port
+    raise AssertionError("no free port pair found")
+
+
+def dev_server_pids(port: int) -> list[int]:
+    """Processes running ``temporal server start-dev ... --port <port>``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"start-dev" not in args or b"--port" not in args:
+            continue
+        if args[args.index(b"--port") + 1 :][:1] == [str(port).encode()]:
+            pids.append(int(proc.name))
+    return pids
+
+
+class Spawned:
+    """``python -m nexusctl.cli ARGS`` in a directory, its output in files."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], cwd: Path) -> None:
+        self.out_path, self.err_path = cwd / "stdout.txt", cwd / "stderr.txt"
+        base = {k: v for k, v in os.environ.items() if not k.startswith("NEXUS_")}
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nexusctl.cli", *args],
+                cwd=cwd, env=base | cli_env() | env, stdout=out, stderr=err,
+                # Ctrl-C must reach it even when pytest runs as a background job.
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )  # fmt: skip
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    async def wait_for(self, predicate: object, timeout: float) -> None:
+        """Poll ``predicate()`` (without blocking the event loop) until true."""
+        assert callable(predicate)
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited {self.proc.returncode}: {self.stdout}{self.stderr}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out: {self.stdout}{self.stderr}")
+            await asyncio.sleep(0.1)
+
+    async def wait(self, timeout: float) -> int:
+        return await asyncio.to_thread(self.proc.wait, timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def kill_dev_servers(port: int) -> None:
+    """Clean up after a failed test: the dev servers this test's CLI started."""
+    for pid in dev_server_pids(port):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+async def wait_for_poller(env: WorkflowEnvironment, task_queue: str) -> None:
+    """Until a worker polls ``task_queue`` (as the server reports it)."""
+    request = DescribeTaskQueueRequest(
+        namespace=env.client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    for _ in range(100):
+        response = await env.client.workflow_service.describe_task_queue(request)
+        if response.pollers:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no worker polls {task_queue}")
+
+
+def big_pack(path: Path, objects: int = 80) -> Path:
+    """An app pack with many objects, so ApplyAll runs long enough to interrupt."""
+    fields = [{"api_name": f"F{n}__c", "type": "Text", "length": 40} for n in range(10)]
+    specs = [{"api_name": f"Big{n}__c", "fields": fields} for n in range(objects)]
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "big-app", "category": "AppPack", "depends_on": ["platform-core"],
+             "objects": specs}
+        )
+    )  # fmt: skip
+    return path
+
+
 # ---------------------------------------------------------------------------
 # packs import-sfdx
 
@@ -165,6 +312,42 @@ def test_import_sfdx_broken_field_file_exits_1_naming_it(tmp_path: Path) -> None
     assert not out.exists()
 
 
+def test_import_sfdx_warns_of_each_formula_left_out(tmp_path: Path) -> None:
+    number = "<type>Number</type><precision>18</precision><scale>0</scale>"
+    src = write_sfdx(
+        tmp_path / "gadget",
+        {"Qty__c": f"<label>Qty</label>{number}",
+         "Twice__c": f"<label>Twice</label>{number}<formula>Qty__c * 2</formula>",
+         "Odd__c": f"<label>Odd</label>{number}<formula>NO_SUCH_FN(Qty__c)</formula>"},
+    )  # fmt: skip
+    result = invoke(["packs", "import-sfdx", str(src)], cli_env())
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, result.output
+    assert warnings[0].startswith("warning: Gadget__c.Odd__c: ")
+    assert "NO_SUCH_FN" in warnings[0] and "v_Gadget__c" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "message"),
+    [
+        (["platform-core", "gizmo-app"], "pack gizmo-app depends on itself"),
+        (["platform-core", "no-such-pack"], "depends on no-such-pack, which is not among"),
+    ],
+)
+def test_import_sfdx_checks_dependencies_against_platform_packs(
+    tmp_path: Path, depends_on: list[str], message: str
+) -> None:
+    src = write_app_pack(tmp_path / "gizmo.yaml", [{"api_name": "Size__c", "type": "Number"}])
+    data = yaml.safe_load(src.read_text()) | {"depends_on": depends_on}
+    src.write_text(yaml.safe_dump(data))
+    out = tmp_path / "never.yaml"
+    result = invoke(["packs", "import-sfdx", str(src), "--out", str(out)], cli_env())
+    assert result.exit_code == 1, result.output
+    assert message in one_line(result.output)
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------
 # status
 
@@ -173,6 +356,15 @@ async def test_status_before_and_after_apply_all(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:
     env = cli_env(settings, temporal_env)
+    sqlite_file = sqlite_path(settings)
+    if sqlite_file is not None:  # looking does not create the database
+        missing = invoke(["status"], env)
+        assert missing.exit_code == 0, missing.output
+        assert f"no database at {sqlite_file} yet" in missing.output
+        assert not sqlite_file.exists()
+        make_engine(settings.database_url).dispose()
+        with sqlite3.connect(sqlite_file):
+            pass
     empty = invoke(["status"], env)
     assert empty.exit_code == 0, empty.output
     assert "has no control-plane tables" in empty.output
@@ -185,6 +377,37 @@ async def test_status_before_and_after_apply_all(
     assert "completed" in marker_line
     assert "platform-core" in result.output and "dev-sample" in result.output
     assert "has not completed" not in result.output
+
+
+def test_status_in_a_new_directory_creates_no_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke(["status"], {**cli_env(), "NEXUS_DATABASE_URL": None})
+    assert result.exit_code == 0, result.output
+    assert "no database at .nexus/nexus.db yet" in result.output
+    assert not (tmp_path / ".nexus").exists()
+
+
+async def test_status_shows_full_run_id_and_long_errors(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    bad = tmp_path / ("a-rather-long-folder-name-" * 4) / "bad.yaml"
+    bad.parent.mkdir()
+    bad.write_text("name: bad-pack\ncategory: AppPack\nobjects: [\n")
+    with pytest.raises(WorkflowFailureError):
+        await apply_all(temporal_env, settings, app_pack_sources=[str(bad)])
+    engine = make_engine(settings.database_url)
+    try:
+        marker = markers.read(engine)
+    finally:
+        engine.dispose()
+    assert marker is not None and marker.last_error is not None
+    assert len(marker.last_error) > 160  # more than the table used to show
+    result = invoke(["status"], cli_env(settings, temporal_env) | {"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    assert marker.run_id in result.output
+    assert one_line(marker.last_error)[:399] in result.output
 
 
 # ---------------------------------------------------------------------------
@@ -200,6 +423,9 @@ async def test_apply_all_wait_converges_database(
     assert result.exit_code == 0, result.output
     assert settings.controlplane_workflow_id in result.output
     assert "completed" in result.output
+    assert "no worker is polling" not in result.output
+    assert_no_text_after_table(result.output)
+    assert any(line.startswith("completed in ") for line in result.output.splitlines())
     engine = make_engine(settings.database_url)
     try:
         marker = markers.read(engine)
@@ -358,3 +584,287 @@ async def test_init_l0_does_not_register_business_tables(
         assert "Legacy_Widget__c" not in names
     finally:
         engine.dispose()
+
+
+# ---------------------------------------------------------------------------
+# expected failures: one `error:` line, exit 1
+
+
+def test_unknown_database_driver_is_one_error_line() -> None:
+    url = "mysql+nosuchdriver://root:s3cret@127.0.0.1:3306/x"
+    result = invoke(["status"], cli_env() | {"NEXUS_DATABASE_URL": url})
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        "error: cannot connect to database mysql+nosuchdriver://root:***@127.0.0.1:3306/x: "
+        "Can't load plugin: sqlalchemy.dialects:mysql.nosuchdriver\n"
+    )
+
+
+@pytest.mark.mysql
+def test_wrong_mysql_password_is_one_error_line() -> None:
+    if not MYSQL_URL:
+        pytest.skip("NEXUS_TEST_MYSQL_URL is not set (MariaDB/MySQL tests are off)")
+    url = make_url(MYSQL_URL).set(password="wrong-password")
+    result = invoke(
+        ["status"], cli_env() | {"NEXUS_DATABASE_URL": url.render_as_string(hide_password=False)}
+    )
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1, result.output
+    masked = url.render_as_string(hide_password=True)
+    assert lines[0].startswith(f"error: cannot connect to database {masked}: Access denied")
+    assert "wrong-password" not in result.output
+
+
+def test_invalid_settings_name_their_variable_and_hide_the_value() -> None:
+    env = cli_env() | {
+        "NEXUS_DATABASE_URL": "postgresql://app:hunter2@db/crm",
+        "NEXUS_LOG_FORMAT": "xml",
+    }
+    result = invoke(["status"], env)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid setting: "), result.output
+    assert "NEXUS_DATABASE_URL" in lines[0] and "NEXUS_LOG_FORMAT" in lines[0]
+    assert "hunter2" not in result.output
+
+
+def test_unreachable_temporal_is_one_error_line(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    env = cli_env() | {
+        "NEXUS_TEMPORAL_ADDRESS": address,
+        "NEXUS_DATABASE_URL": f"sqlite:///{tmp_path / 'nexus.db'}",
+    }
+    result = invoke(["apply-all"], env)
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        f"error: cannot reach Temporal at {address} (start it with `nexusctl dev`)\n"
+    )
+
+
+async def test_temporal_rpc_error_is_one_error_line(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    env = cli_env(settings, temporal_env) | {"NEXUS_TEMPORAL_NAMESPACE": "no-such-namespace"}
+    result = await invoke_async(["apply-all"], env)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: Temporal at "), result.output
+    assert "no-such-namespace" in lines[0] and "NOT_FOUND" in lines[0]
+
+
+def test_unexpected_exception_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(_settings: Settings) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "_print_status", bug)
+    result = invoke(["status"], cli_env())
+    assert isinstance(result.exception, ZeroDivisionError)
+    assert "error:" not in result.output
+
+
+def test_console_script_entry_point_prints_error_on_stderr(tmp_path: Path) -> None:
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name="nexusctl")
+    assert entry.value == "nexusctl.cli:main"
+    code = (
+        "import importlib.metadata as m; "
+        "(e,) = m.entry_points(group='console_scripts', name='nexusctl'); e.load()()"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEXUS_")} | cli_env()
+    env["NEXUS_DATABASE_URL"] = "mysql+nosuchdriver://root:s3cret@127.0.0.1:3306/x"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "status"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("error: cannot connect to database mysql+nosuchdriver://")
+    assert "s3cret" not in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# no worker polling the task queue
+
+
+async def test_apply_all_wait_warns_when_no_worker_polls(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    env = cli_env(settings, temporal_env)
+    cli_run = asyncio.create_task(invoke_async(["apply-all", "--wait"], env))
+    handle = temporal_env.client.get_workflow_handle(settings.controlplane_workflow_id)
+    for _ in range(100):
+        with contextlib.suppress(Exception):
+            await handle.describe()
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(3)  # past the CLI's look for a worker
+    async with build_worker(temporal_env.client, settings):
+        result = await asyncio.wait_for(cli_run, 120)
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.output.splitlines() if line.startswith("warning:"))
+    assert f"no worker is polling task queue {settings.controlplane_task_queue}" in warning
+    assert "`nexusctl worker`" in warning and "NEXUS_DATABASE_URL" in warning
+    assert "completed" in result.output
+
+
+async def test_progress_without_worker_fails_fast_with_one_line(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    env = cli_env(settings, temporal_env)
+    nothing = await invoke_async(["progress"], env)
+    assert nothing.exit_code == 1, nothing.output
+    assert "no control-plane workflow has run on database" in nothing.output
+
+    await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    started = time.monotonic()
+    stuck = await invoke_async(["progress"], env)
+    assert time.monotonic() - started < 15
+    assert stuck.exit_code == 1, stuck.output
+    assert len(stuck.output.splitlines()) == 1, stuck.output
+    assert f"no worker is polling task queue {settings.controlplane_task_queue}" in stuck.output
+
+    async with build_worker(temporal_env.client, settings):
+        assert (await latest_result(temporal_env, settings)).status == "completed"
+        answered = await invoke_async(["progress"], env)
+    assert answered.exit_code == 0, answered.output
+    assert "mark-completed" in answered.output
+    # Completed: the phases come from the result, no worker needed.
+    done = await invoke_async(["progress"], env)
+    assert done.exit_code == 0, done.output
+    assert "(completed, run " in done.output and "mark-completed" in done.output
+
+
+# ---------------------------------------------------------------------------
+# a control-plane workflow already running: apply-all refuses, --attach and demo wait
+
+
+async def test_apply_all_refuses_a_busy_database_unless_attach(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    running = await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    env = cli_env(settings, temporal_env)
+    busy = await invoke_async(["apply-all", "--wait"], env)
+    assert busy.exit_code == 1, busy.output
+    assert f"is already running on database {settings.database_id}" in one_line(busy.output)
+    assert "--attach" in busy.output
+    pack = write_app_pack(tmp_path / "gizmo.yaml", [{"api_name": "Size__c", "type": "Number"}])
+    async with build_worker(temporal_env.client, settings):
+        attached = await invoke_async(
+            ["apply-all", "--wait", "--attach", "--app-pack", str(pack)], env
+        )
+    assert attached.exit_code == 0, attached.output
+    # It waited for the running ApplyAll, which does not install this app pack: said so.
+    assert "started with other arguments (app packs: none) and is not restarted" in one_line(
+        attached.output
+    )
+    assert f"attached to the ApplyAll already running on database {settings.database_id}" in (
+        one_line(attached.output)
+    )
+    assert str(running.result_run_id) in attached.output
+    assert "started ApplyAll" not in attached.output
+    assert "completed" in attached.output
+
+
+async def test_demo_on_a_running_server_attaches_to_the_running_apply_all(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    handle = await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    env = cli_env(settings, temporal_env)
+    result = await invoke_async(["demo"], env)
+    assert result.exit_code == 0, result.output
+    output = one_line(result.output)
+    address = env["NEXUS_TEMPORAL_ADDRESS"]
+    assert f"using the Temporal server already listening at {address}" in output
+    assert "would compete with this one" in output
+    assert f"attached to the ApplyAll already running on database {settings.database_id}" in output
+    assert "started ApplyAll" not in output
+    assert (await handle.result()).status == "completed"
+    assert_no_text_after_table(result.output)
+    assert "platform-core" in result.output  # the closing status tables
+
+
+# ---------------------------------------------------------------------------
+# signals: the dev server started by the CLI never outlives it
+
+
+async def test_dev_stops_its_temporal_server_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    dev = Spawned(["dev"], {"NEXUS_TEMPORAL_ADDRESS": address}, tmp_path)
+    try:
+        await dev.wait_for(lambda: reachable(address) and "Ctrl-C to stop" in dev.stdout, 120)
+        assert dev_server_pids(port)
+        await asyncio.sleep(1)  # the worker is up
+        dev.proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        while reachable(address) and time.monotonic() - stopped < 15:
+            await asyncio.sleep(0.1)
+        assert not reachable(address), "the dev server still answers 15 s after SIGTERM"
+        assert await dev.wait(30) == 0, dev.stderr
+        assert dev_server_pids(port) == []
+        assert "Traceback" not in dev.stderr
+    finally:
+        dev.kill()
+        kill_dev_servers(port)
+
+
+async def test_dev_on_a_running_server_warns_of_competing_worker_and_leaves_it_running(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    env = cli_env(settings, temporal_env)
+    address = env["NEXUS_TEMPORAL_ADDRESS"]
+    async with build_worker(temporal_env.client, settings):
+        await wait_for_poller(temporal_env, settings.controlplane_task_queue)
+        dev = Spawned(["dev"], env, tmp_path)
+        try:
+            await dev.wait_for(lambda: "Ctrl-C to stop" in dev.stdout, 60)
+            await dev.wait_for(lambda: "compete" in dev.stderr, 30)
+            dev.proc.send_signal(signal.SIGTERM)
+            assert await dev.wait(30) == 0, dev.stderr
+        finally:
+            dev.kill()
+    assert f"using the Temporal server already listening at {address}" in one_line(dev.stdout)
+    warning = one_line(dev.stderr)
+    assert f"already poll task queue {settings.controlplane_task_queue}" in warning
+    assert "Traceback" not in dev.stderr
+    assert reachable(address)  # not ours to stop
+
+
+async def test_demo_ctrl_c_stops_at_once_and_apply_all_resumes_later(tmp_path: Path) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    pack = big_pack(tmp_path / "big.yaml")
+    env = {"NEXUS_TEMPORAL_ADDRESS": address}
+    first = Spawned(["demo", "--app-pack", str(pack)], env, tmp_path)
+    try:
+        await first.wait_for(lambda: "started ApplyAll" in first.stdout, 120)
+        await asyncio.sleep(0.7)  # into the phases (it takes ~2.5 s)
+        first.proc.send_signal(signal.SIGINT)
+        assert await first.wait(30) == 130, first.stdout + first.stderr
+        assert dev_server_pids(port) == []
+        assert not reachable(address)
+    finally:
+        first.kill()
+        kill_dev_servers(port)
+    stderr = one_line(first.stderr)
+    assert "Traceback" not in stderr and "CancelledError" not in stderr, first.stderr
+    assert "interrupted: ApplyAll controlplane/" in stderr
+    assert (
+        "keeps its state in .nexus/temporal.db and resumes when a worker runs "
+        "(`nexusctl dev` or `nexusctl demo`)"
+    ) in stderr
+    assert (tmp_path / ".nexus" / "temporal.db").exists()
+
+    # The next demo finds the interrupted ApplyAll and waits for it to finish.
+    # Same directory: the same .nexus/ (database and Temporal state).
+    second = Spawned(["demo", "--app-pack", str(pack)], env, tmp_path)
+    try:
+        assert await second.wait(300) == 0, second.stdout + second.stderr
+    finally:
+        second.kill()
+        kill_dev_servers(port)
+    out = one_line(second.stdout)
+    assert "attached to the ApplyAll already running" in out, second.stdout + second.stderr
+    assert "warning:" not in second.stderr  # the same app packs: nothing to warn about
+    assert "completed in" in out and "big-app" in out
+    assert dev_server_pids(port) == []
