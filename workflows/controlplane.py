@@ -68,6 +68,12 @@ class _PhaseRunner:
 
     operation = "ApplyAll"
 
+    # Inherited by every control-plane workflow (Temporal finds handlers on bases).
+    @workflow.query
+    def progress(self) -> list[PhaseReport]:
+        """Phases with status, start, duration, error and detail."""
+        return list(self.phases.values())
+
     def _init_phases(self, names: list[str]) -> None:
         self.phases: dict[str, PhaseReport] = {n: PhaseReport(name=n) for n in names}
         self.run_id = ""
@@ -218,11 +224,6 @@ class ApplyAllWorkflow(_PhaseRunner):
     def __init__(self, inp: ApplyAllInput) -> None:
         self._init_phases(APPLY_ALL_PHASES)
 
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, start, duration, error and detail."""
-        return list(self.phases.values())
-
     @workflow.run
     async def run(self, inp: ApplyAllInput) -> ApplyAllResult:
         """Run ApplyAll; returns the report, or fails with the phase and error."""
@@ -292,11 +293,6 @@ class RunRepairWorkflow(_PhaseRunner):
     def __init__(self, inp: OperationInput) -> None:
         self._init_phases(["acquire-lease", "invalidate-marker", "run-repair"])
 
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
-
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
         """Run the operation."""
@@ -320,11 +316,6 @@ class RebuildDerivedWorkflow(_PhaseRunner):
     def __init__(self, inp: OperationInput) -> None:
         self._init_phases(["acquire-lease", "invalidate-marker", "runner-init", "rebuild-derived"])
 
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
-
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
         """Run the operation."""
@@ -347,11 +338,6 @@ class EnsureIndexesWorkflow(_PhaseRunner):
     def __init__(self, inp: OperationInput) -> None:
         self._init_phases(["acquire-lease", "invalidate-marker", "ensure-indexes"])
 
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
-
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
         """Run the operation."""
@@ -372,11 +358,6 @@ class ApplyPacksWorkflow(_PhaseRunner):
         self._init_phases(
             ["acquire-lease", "invalidate-marker", "plan-packs", "runner-init", "apply-packs"]
         )
-
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
 
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
@@ -406,11 +387,6 @@ class ApplySourceConvergenceWorkflow(_PhaseRunner):
             ["acquire-lease", "invalidate-marker", "plan-packs", "apply-metadata", "run-repair",
              "runner-init", "apply-packs", "rebuild-derived", "ensure-indexes"]
         )  # fmt: skip
-
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
 
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
@@ -449,11 +425,6 @@ class InitL0Workflow(_PhaseRunner):
             ["acquire-lease", "invalidate-marker", "plan-packs", "apply-metadata", "run-repair",
              "runner-init", "apply-packs", "rebuild-derived", "verify"]
         )  # fmt: skip
-
-    @workflow.query
-    def progress(self) -> list[PhaseReport]:
-        """Phases with status, duration and error."""
-        return list(self.phases.values())
 
     @workflow.run
     async def run(self, inp: OperationInput) -> ApplyAllResult:
