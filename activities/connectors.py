@@ -7,6 +7,7 @@ and another worker reclaims them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +23,10 @@ from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from workflows.models import (
     BatchResult,
+    BlockedWait,
     ClaimedLease,
     ClaimRequest,
+    DependencySpec,
     DesiredPack,
     ProcessRequest,
 )
@@ -131,7 +134,17 @@ class ConnectorActivities:
                 last_extend = time.monotonic()
 
         outcome = self.processor.process(items, on_item=beat)
-        return BatchResult(outcome.succeeded, outcome.retried, outcome.failed, outcome.lost)
+        return BatchResult(
+            outcome.succeeded,
+            outcome.retried,
+            outcome.failed,
+            outcome.lost,
+            blocked=[
+                BlockedWait(work_id, dep.key_hash, DependencySpec(**dataclasses.asdict(dep)))
+                for work_id, dep in outcome.blocked
+            ],
+            wake_keys=sorted(outcome.wake_keys),
+        )
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""

@@ -62,6 +62,7 @@ from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import ObjectSpec, PackManifest
 from nexuscrm.packs.ordering import order_packs
 from nexuscrm.settings import Settings, default_database_url
+from nexusctl.cli_identity import waits, wake_app
 from nexusctl.devserver import dev_server, stop_server, ui_port
 from nexusctl.temporal import (
     ControlPlaneBusyError,
@@ -133,6 +134,8 @@ packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 app.add_typer(packs_app, name="packs")
 connectors_app = typer.Typer(help="Connector inbound runtime.", no_args_is_help=True)
 app.add_typer(connectors_app, name="connectors")
+app.add_typer(wake_app, name="wake")
+connectors_app.command("waits")(waits)
 events_app = typer.Typer(help="Inbound connector events.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
 console = Console()

@@ -26,9 +26,15 @@ from temporalio.service import RPCError
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
+from workflows.identity import DEPENDENCY_OBJECT_KEY
 from workflows.models import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
 
-SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [PHASE_KEY, DATABASE_KEY, OPERATION_KEY]
+SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [
+    PHASE_KEY,
+    DATABASE_KEY,
+    OPERATION_KEY,
+    DEPENDENCY_OBJECT_KEY,
+]
 
 
 class ControlPlaneBusyError(NexusError):

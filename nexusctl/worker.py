@@ -10,6 +10,7 @@ from temporalio.worker import Worker
 
 from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
+from activities.identity import IdentityActivities
 from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
@@ -17,6 +18,7 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import connect, ensure_search_attributes
 from workflows.connectors import CONNECTOR_WORKFLOWS
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.identity import IDENTITY_WORKFLOWS
 
 
 def build_connector_worker(
@@ -28,11 +30,12 @@ def build_connector_worker(
     """
     engine = make_engine(settings.database_url)
     acts = ConnectorActivities(engine, settings, ConnectorKnobs.from_env())
+    identity = IdentityActivities(engine, settings)
     return Worker(
         client,
         task_queue=task_queue or settings.connector_task_queue,
-        workflows=CONNECTOR_WORKFLOWS,
-        activities=acts.all(),
+        workflows=[*CONNECTOR_WORKFLOWS, *IDENTITY_WORKFLOWS],
+        activities=acts.all() + identity.all(),
         activity_executor=ThreadPoolExecutor(max_workers=16),
         max_concurrent_activities=16,
         max_concurrent_local_activities=16,

@@ -85,11 +85,16 @@ class HookServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.received.append(body)
                 time.sleep(outer.delay)
-                key = body["payload"].get("key", "")
+                key = (body.get("payload") or {}).get("key", "")
                 statuses = outer.script.get(key) or [200]
                 status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+                # Also a valid batch-read answer (nothing to enrich), so the same
+                # server can stand in for a slow callout endpoint.
+                data = b'{"records": {}}'
                 self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                self.wfile.write(data)
 
             def log_message(self, *args: Any) -> None:
                 pass

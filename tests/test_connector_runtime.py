@@ -61,7 +61,7 @@ async def install(env: WorkflowEnvironment, settings: Settings, sources: list[st
 
 
 async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
-    """Poll until no item is pending or processing; return counts by state."""
+    """Poll until no item is pending, processing or blocked; return counts by state."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         stats = workqueue.pack_queue_stats(engine)
@@ -69,7 +69,7 @@ async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
         for s in stats:
             for state, n in s.by_state().items():
                 by_state[state] = by_state.get(state, 0) + n
-        if not by_state.get("pending") and not by_state.get("processing"):
+        if not any(by_state.get(s) for s in ("pending", "processing", "blocked")):
             return by_state
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"queue not drained in {timeout} s: {by_state}")
@@ -320,10 +320,31 @@ async def wait_pools(
 
 
 async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplicates(
-    temporal_env, settings
+    temporal_env, settings, hook, tmp_path
 ):
     settings = connector_settings(settings)
-    await install(temporal_env, settings, [str(SF_SYNC)])
+    # A connector whose batch read takes a second: a killed worker surely dies
+    # holding leases on a batch in flight.
+    slow = tmp_path / "slow-sync.yaml"
+    slow.write_text(
+        yaml.safe_dump(
+            {
+                "name": "slow-sync",
+                "category": "ConnectorPack",
+                "depends_on": ["platform-core"],
+                "inbound_routes": [{"event_kind": "salesforce.record.upsert"}],
+                "callout_profiles": [
+                    {
+                        "name": "batch",
+                        "endpoint": hook.url,
+                        "object_path_map": {"Contact": "/records"},
+                    }
+                ],
+            }
+        )
+    )
+    hook.delay = 1.0
+    await install(temporal_env, settings, [str(slow)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     events = [
@@ -342,7 +363,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
                 "fields": {"FirstName": "F", "LastName": f"L{k}"},
             },
         )
-        for k in range(3000)
+        for k in range(400)
     ]
     workqueue.enqueue(engine, events)
     env = {
@@ -360,16 +381,17 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
         inp = fast_fleet(settings)
         inp.lease_seconds = 3
         fleet = await start_fleet(temporal_env.client, settings, inp)
-        for _ in range(600):
-            done = workqueue.pack_queue_stats(engine)[0].by_state().get("succeeded", 0)
-            if done >= 200:
+        for _ in range(600):  # until batches are claimed (their batch reads take 1 s)
+            if workqueue.pack_queue_stats(engine)[0].by_state().get("processing", 0):
                 break
             await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             proc.kill()
+    hook.delay = 0
     async with build_connector_worker(temporal_env.client, settings):
         states = await wait_drained(engine, timeout=180)
         await fleet.signal("stop")

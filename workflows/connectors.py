@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
@@ -28,6 +29,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.connectors import ConnectorActivities
+    from activities.identity import IdentityActivities
     from nexuscrm.connectors.knobs import RestartBackoff, work_item_worker_queue_profile
     from workflows.models import ClaimRequest as _ClaimRequest
     from workflows.models import (
@@ -37,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         ProcessRequest,
         SupervisorConfig,
         SupervisorStatus,
+        WaitNotifyRequest,
         WorkerStatus,
     )
 
@@ -89,6 +92,24 @@ class InboundWorkerWorkflow:
         """Stop claiming; finish the batch in hand and return."""
         self.draining = True
 
+    async def _notify(
+        self, config: InboundWorkerConfig, blocked: list[Any], wake_keys: list[str]
+    ) -> None:
+        """After the batch committed: register its blocked items' waits, wake resolved waits.
+
+        A failure is logged and left to recovery (a blocked row without a live
+        wait gets one at the next fleet reconcile) and to the waits' own probes.
+        """
+        try:
+            await workflow.execute_activity_method(
+                IdentityActivities.notify,
+                WaitNotifyRequest(config.database_id, blocked, wake_keys),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("identity wait notify failed; recovery covers it: %s", err)
+
     @workflow.run
     async def run(self, config: InboundWorkerConfig) -> str:
         """Loop until drained; continue-as-new every N batches or when history is large."""
@@ -103,7 +124,7 @@ class InboundWorkerWorkflow:
             )
             if leases:
                 try:
-                    await workflow.execute_activity_method(
+                    result = await workflow.execute_activity_method(
                         ConnectorActivities.process,
                         ProcessRequest(config, leases),
                         start_to_close_timeout=timedelta(minutes=30),
@@ -114,6 +135,9 @@ class InboundWorkerWorkflow:
                     )
                 except ActivityError as err:
                     workflow.logger.warning("batch abandoned, leases will expire: %s", err)
+                else:
+                    if result.blocked or result.wake_keys:
+                        await self._notify(config, result.blocked, result.wake_keys)
                 self.batches += 1
             else:
                 with contextlib.suppress(TimeoutError):
@@ -399,6 +423,20 @@ class ConnectorFleetWorkflow:
         for key, pack in wanted.items():
             if key not in self.running:
                 await self._start(pack)
+        await self._recover_waits()
+
+    async def _recover_waits(self) -> None:
+        """Blocked rows without a live identity wait get one (paged, bounded; idempotent)."""
+        try:
+            await workflow.execute_activity_method(
+                IdentityActivities.recover,
+                self.inp.database_id,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+            )
+        except ActivityError as err:  # the next reconcile tries again
+            workflow.logger.warning("identity wait recovery failed: %s", err)
 
     @workflow.run
     async def run(self, inp: FleetInput) -> None:

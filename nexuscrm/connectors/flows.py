@@ -52,6 +52,18 @@ class RemoteIdentity:
     remote_id: str
 
 
+class DependencyUnresolved(FlowError):
+    """A lookup's parent has no remote link yet; ``parent`` is the identity it waits on.
+
+    Class ``dependency-unresolved``, retriable: the processor blocks the item
+    on ``parent`` (an identity-convergence wait) instead of retrying it.
+    """
+
+    def __init__(self, message: str, parent: RemoteIdentity) -> None:
+        super().__init__("dependency-unresolved", message, retriable=True)
+        self.parent = parent
+
+
 def find_link(conn: Connection, ident: RemoteIdentity) -> str | None:
     """Record id linked to ``ident``, or ``None``."""
     rl = t.connector_remote_link
@@ -253,7 +265,7 @@ def _resolve(prepared: _Prepared, lookup: Callable[[RemoteIdentity], str | None]
             continue
         record = lookup(parent)
         if record is None:
-            raise FlowError("dependency-unresolved", message, retriable=True)
+            raise DependencyUnresolved(message, parent)
         values[col] = record
     if prepared.error is not None:
         raise prepared.error
@@ -281,6 +293,7 @@ def upsert_record(
     payload: dict[str, Any],
     destination_object: str | None = None,
     field_map: dict[str, str] | None = None,
+    created: list[RemoteIdentity] | None = None,
 ) -> tuple[str, RemoteIdentity]:
     """Run the reference flow for one event; return (record id, its remote identity).
 
@@ -289,9 +302,10 @@ def upsert_record(
     matched case-insensitively against the destination's columns (after
     ``field_map``); ``Name`` falls back to FirstName + LastName, then the
     remote id. Raises ``FlowError``: ``mapping`` (unknown object, field or
-    bad value; not retriable) or ``dependency-unresolved`` (a lookup's parent
-    has no remote link yet; retriable). :func:`upsert_records` is the same
-    for many events at once.
+    bad value; not retriable) or ``DependencyUnresolved`` (a lookup's parent
+    has no remote link yet; retriable). A newly finalized remote link is
+    appended to ``created`` (the caller wakes its waiters after commit).
+    :func:`upsert_records` is the same for many events at once.
     """
     prepared = _prepare(
         catalog,
@@ -319,6 +333,8 @@ def upsert_record(
         )
         # Finalize the record's own remote link in the same transaction.
         conn.execute(t.connector_remote_link.insert().values(**_link_row(ident, record_id, now)))
+        if created is not None:
+            created.append(ident)
     return record_id, ident
 
 
@@ -351,7 +367,10 @@ def find_links(conn: Connection, idents: Iterable[RemoteIdentity]) -> dict[Remot
 
 
 def upsert_records(
-    conn: Connection, catalog: Catalog, requests: Sequence[UpsertRequest]
+    conn: Connection,
+    catalog: Catalog,
+    requests: Sequence[UpsertRequest],
+    created: list[RemoteIdentity] | None = None,
 ) -> list[tuple[str, RemoteIdentity] | FlowError]:
     """:func:`upsert_record` for many events in the caller's transaction, batched.
 
@@ -362,6 +381,7 @@ def upsert_records(
     lookup per destination object, one multi-row INSERT per (table, column
     set) for new records, one UPDATE per changed record, one INSERT of the
     new links. A database error fails the whole call (the caller rolls back).
+    The identities of the new links are appended to ``created``.
     """
     prepared: list[_Prepared | FlowError] = []
     wanted: set[RemoteIdentity] = set()
@@ -416,6 +436,8 @@ def upsert_records(
                 },
             )
             new_links.append(_link_row(p.ident, record_id, now))
+            if created is not None:
+                created.append(p.ident)
         elif record_id in inserts:  # created earlier in this batch: fold the update in
             inserts[record_id][1].update(values, LastModifiedDate=now)
         else:

@@ -10,6 +10,13 @@ item whose lease was lost to a stale reclaim is left alone (the other worker
 owns it). A database error in a chunk rolls it back and the chunk is redone
 item by item, one transaction each (the seed's shape), which isolates the bad
 item. Webhook items run one by one (an external call each).
+
+A lookup whose parent is not linked yet (``DependencyUnresolved``) blocks the
+item on that remote identity (``workqueue.block_item``, in the transaction
+that ends its attempt): the outcome lists the blocked items, for the caller to
+register their identity waits after commit. The remote links a batch creates
+are collected too; after commit, the key hashes among them that have blocked
+items are the outcome's ``wake_keys`` (the caller signals those waits).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from nexuscrm.clock import utcnow
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
 from nexuscrm.connectors.flows import (
+    DependencyUnresolved,
     FlowError,
     RemoteIdentity,
     UpsertRequest,
@@ -34,14 +42,15 @@ from nexuscrm.connectors.flows import (
     upsert_record,
     upsert_records,
 )
+from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
 from nexuscrm.controlplane import catalog
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
 
-# A lookup whose parent is not linked yet is retried on this short, flat delay
-# (the identity-convergence wait replaces this polling).
-DEPENDENCY_RETRY = dt.timedelta(seconds=1)
+# A blocked item whose identity wait has not marked it within this grace is
+# treated as wait-less by recovery (which starts the wait).
+BLOCK_GRACE = dt.timedelta(seconds=60)
 MAX_ATTEMPTS = 8
 # Flow items per transaction (a batch is at most this in the default profiles).
 CHUNK = 100
@@ -70,6 +79,8 @@ class BatchOutcome:
     failed: int = 0
     lost: int = 0
     failure_classes: dict[str, int] = field(default_factory=dict)
+    blocked: list[tuple[str, Dependency]] = field(default_factory=list)
+    wake_keys: set[str] = field(default_factory=set)
 
 
 class Processor:
@@ -93,6 +104,7 @@ class Processor:
         self.flow_deadline = flow_deadline
         self.max_attempts = max_attempts
         self._clients: dict[str, BatchReadClient] = {}
+        self._created: list[RemoteIdentity] = []
 
     def process(
         self,
@@ -110,6 +122,7 @@ class Processor:
         extend the leases, which the open transaction holds locked.
         """
         outcome = BatchOutcome()
+        self._created = []
         cat = catalog.CACHE.get(self.engine)
         items, enrich_errors = self._enrich(items)
         batched: list[tuple[workqueue.ClaimedItem, _Plan]] = []
@@ -140,6 +153,15 @@ class Processor:
             self._one_guarded(item, cat, outcome)
             if on_item is not None:
                 on_item()
+        if self._created:
+            hashes = {
+                Dependency.remote(
+                    i.owner_key, i.namespace, i.destination_object, i.remote_id
+                ).key_hash
+                for i in self._created
+            }
+            self._created = []
+            outcome.wake_keys |= workqueue.blocked_keys(self.engine, sorted(hashes))
         return outcome
 
     def forget(self) -> None:
@@ -244,7 +266,8 @@ class Processor:
                 live = [(i, p) for i, p in chunk if i.work_id in held]
                 counts.lost = len(chunk) - len(live)
                 flow_items = [(i, p.request) for i, p in live if p.request is not None]
-                results = upsert_records(conn, cat, [r for _i, r in flow_items])
+                created: list[RemoteIdentity] = []
+                results = upsert_records(conn, cat, [r for _i, r in flow_items], created)
                 by_work: dict[str, tuple[str, RemoteIdentity] | Exception] = {
                     i.work_id: res for (i, _r), res in zip(flow_items, results, strict=True)
                 }
@@ -273,6 +296,8 @@ class Processor:
         outcome.retried += counts.retried
         outcome.failed += counts.failed
         outcome.lost += counts.lost
+        outcome.blocked += counts.blocked
+        self._created += created
         for key, n in counts.failure_classes.items():
             outcome.failure_classes[key] = outcome.failure_classes.get(key, 0) + n
         return True
@@ -285,15 +310,12 @@ class Processor:
         outcome: BatchOutcome,
     ) -> None:
         """Finish ``item`` after a route or flow error, in ``conn``'s transaction."""
+        if isinstance(exc, DependencyUnresolved):
+            self._block(conn, item, exc, outcome)
+            return
         if isinstance(exc, FlowError):
-            if exc.retriable and (
-                exc.failure_class == "dependency-unresolved" or item.attempt < self.max_attempts
-            ):
-                delay = (
-                    DEPENDENCY_RETRY
-                    if exc.failure_class == "dependency-unresolved"
-                    else workqueue.retry_backoff(item.attempt)
-                )
+            if exc.retriable and item.attempt < self.max_attempts:
+                delay = workqueue.retry_backoff(item.attempt)
                 workqueue.finish_retry(
                     conn,
                     item,
@@ -310,6 +332,19 @@ class Processor:
             raise exc
         workqueue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
         _count(outcome, "failed", failure_class)
+
+    def _block(
+        self,
+        conn: Connection,
+        item: workqueue.ClaimedItem,
+        exc: DependencyUnresolved,
+        outcome: BatchOutcome,
+    ) -> None:
+        p = exc.parent
+        dep = Dependency.remote(p.owner_key, p.namespace, p.destination_object, p.remote_id)
+        workqueue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
+        outcome.blocked.append((item.work_id, dep))
+        _count(outcome, "retried", exc.failure_class)
 
     def _one_guarded(
         self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
@@ -344,6 +379,7 @@ class Processor:
                     workqueue.finish_succeeded(conn, item)
             else:
                 start = time.monotonic()
+                created: list[RemoteIdentity] = []
                 with self.engine.begin() as conn:
                     upsert_record(
                         conn,
@@ -353,6 +389,7 @@ class Processor:
                         payload=item.payload,
                         destination_object=route.destination_object,
                         field_map=route.field_map,
+                        created=created,
                     )
                     if (
                         self.flow_deadline
@@ -362,18 +399,16 @@ class Processor:
                             "flow-deadline", "flow exceeded its deadline", retriable=True
                         )
                     workqueue.finish_succeeded(conn, item)
+                self._created += created
             outcome.succeeded += 1
         except RouteNotFoundError as exc:
             self._finish_failed(item, "route-not-found", str(exc), outcome)
+        except DependencyUnresolved as exc:
+            with self.engine.begin() as conn:
+                self._block(conn, item, exc, outcome)
         except FlowError as exc:
-            if exc.retriable and (
-                exc.failure_class == "dependency-unresolved" or item.attempt < self.max_attempts
-            ):
-                delay = (
-                    DEPENDENCY_RETRY
-                    if exc.failure_class == "dependency-unresolved"
-                    else workqueue.retry_backoff(item.attempt)
-                )
+            if exc.retriable and item.attempt < self.max_attempts:
+                delay = workqueue.retry_backoff(item.attempt)
                 self._finish_retry(item, exc.failure_class, str(exc), delay, outcome)
             else:
                 self._finish_failed(item, exc.failure_class, str(exc), outcome)

@@ -1,0 +1,332 @@
+"""Identity-convergence activities: probe, expire, wake, register waits, recover.
+
+The probe is the seed's ``resolveIdentityConvergenceBounded``: at most one
+probe at a time per worker process (a semaphore shared by every instance),
+bounded by the probe timeout. The resolver runs in a thread of its own; a
+resolver that raises or hangs fails the activity (the wait reschedules), a
+result that arrives after the deadline is not a fresh owner fact and is
+discarded, and a hung resolver keeps the slot until it returns (later probes
+time out waiting for it, never expire anything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.identity import Dependency, probe, wait_workflow_id
+from nexuscrm.log import log
+from nexuscrm.settings import Settings
+from workflows.models import (
+    DependencySpec,
+    ExpireRequest,
+    IdentityWaitConfig,
+    IdentityWaitInput,
+    ProbeRequest,
+    ProbeResult,
+    WaitItem,
+    WaitNotifyRequest,
+    WakeResult,
+)
+
+Resolver = Callable[[Engine, Dependency], bool]
+
+ENV_PREFIX = "NEXUSCRM_CONNECTOR_IDENTITY_"
+
+
+def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
+    """``IdentityWaitConfig`` with ``NEXUSCRM_CONNECTOR_IDENTITY_*`` overrides (seconds).
+
+    MAX_WAIT_SECONDS (1800; ``<= 0`` disables expiry), PROBE_INTERVAL_SECONDS
+    (5), MAX_PROBE_INTERVAL_SECONDS (60), PROBE_TIMEOUT_SECONDS (5). An
+    unparsable value keeps the default (logged).
+    """
+    cfg = IdentityWaitConfig()
+    for name, attr in (
+        ("MAX_WAIT_SECONDS", "max_wait_seconds"),
+        ("PROBE_INTERVAL_SECONDS", "probe_interval_seconds"),
+        ("MAX_PROBE_INTERVAL_SECONDS", "max_probe_interval_seconds"),
+        ("PROBE_TIMEOUT_SECONDS", "probe_timeout_seconds"),
+    ):
+        raw = env.get(ENV_PREFIX + name, "").strip()
+        if not raw:
+            continue
+        try:
+            setattr(cfg, attr, float(raw))
+        except ValueError:
+            log.warning("identity wait setting ignored", name=ENV_PREFIX + name, value=raw)
+    if cfg.probe_timeout_seconds <= 0:
+        cfg.probe_timeout_seconds = IdentityWaitConfig.probe_timeout_seconds
+    if cfg.probe_interval_seconds <= 0:
+        cfg.probe_interval_seconds = IdentityWaitConfig.probe_interval_seconds
+    return cfg
+
+
+def to_spec(dep: Dependency) -> DependencySpec:
+    """A ``Dependency`` as workflow data."""
+    return DependencySpec(**dataclasses.asdict(dep))
+
+
+def from_spec(spec: DependencySpec) -> Dependency:
+    """Workflow data back to a ``Dependency`` (validated)."""
+    return Dependency(**dataclasses.asdict(spec))
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value else ""
+
+
+def _naive(iso: str) -> datetime:
+    value = datetime.fromisoformat(iso)
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+async def start_wait(
+    client: Client,
+    *,
+    database_id: str,
+    task_queue: str,
+    dependency: Dependency,
+    work_ids: list[str],
+    config: IdentityWaitConfig,
+) -> None:
+    """Signal-with-start the wait of ``dependency`` with ``register(work_ids)`` (idempotent)."""
+    key = dependency.key_hash
+    await client.start_workflow(
+        "IdentityWait",
+        IdentityWaitInput(
+            database_id=database_id,
+            key_hash=key,
+            dependency=to_spec(dependency),
+            config=config,
+        ),
+        id=wait_workflow_id(database_id, key),
+        task_queue=task_queue,
+        start_signal="register",
+        start_signal_args=[sorted(work_ids)],
+    )
+
+
+async def signal_wake(client: Client, database_id: str, key_hash: str) -> bool:
+    """Signal ``wake`` to the wait of ``key_hash``; False when no wait runs."""
+    try:
+        await client.get_workflow_handle(wait_workflow_id(database_id, key_hash)).signal("wake")
+    except RPCError:
+        return False
+    return True
+
+
+class IdentityActivities:
+    """Identity-wait activities of one database.
+
+    ``resolver(engine, dependency) -> converged`` is the owner read
+    (:func:`nexuscrm.connectors.identity.probe` by default; tests swap it).
+    """
+
+    _probe_slot = threading.Semaphore(1)  # one probe at a time per worker process
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        config: IdentityWaitConfig | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.config = config or config_from_env()
+        self.resolver: Resolver = resolver or probe
+
+    # -- probe -----------------------------------------------------------------
+
+    def _resolve_bounded(self, dep: Dependency, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        if not self._probe_slot.acquire(timeout=timeout):
+            raise TimeoutError("identity probe slot busy past the probe timeout")
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                outcome["result"] = bool(self.resolver(self.engine, dep))
+            except BaseException as exc:  # a resolver error is a retry, never the process
+                outcome["error"] = exc
+            finally:
+                self._probe_slot.release()
+                done.set()
+
+        threading.Thread(target=run, name="identity-probe", daemon=True).start()
+        finished = done.wait(max(0.0, deadline - time.monotonic()))
+        # The deadline wins over a result that arrives with it: not a fresh fact.
+        if not finished or time.monotonic() > deadline:
+            raise TimeoutError(f"identity probe timed out after {timeout} s")
+        if "error" in outcome:
+            raise RuntimeError(f"identity probe failed: {type(outcome['error']).__name__}")
+        return bool(outcome["result"])
+
+    @activity.defn(name="identity.probe")
+    def probe(self, req: ProbeRequest) -> ProbeResult:
+        """Terminalize invalid registered items, mark the rest alive, then probe (bounded).
+
+        Raises (the wait reschedules) when the probe fails or times out.
+        """
+        rows = workqueue.blocked_rows(self.engine, req.key_hash, req.work_ids)
+        invalid = [
+            r.work_id
+            for r in rows
+            if r.dependency is None
+            or r.key_hash != req.key_hash
+            or r.dependency.key_hash != req.key_hash
+            or r.blocked_at is None
+        ]
+        n_invalid = workqueue.terminalize_invalid(self.engine, invalid) if invalid else 0
+        if n_invalid:
+            log.warning(
+                "invalid identity convergence wait terminalized",
+                dependency_key_hash=req.key_hash,
+                items=n_invalid,
+                failure_class="identity-convergence-invalid",
+            )
+        items = [
+            WaitItem(r.work_id, r.installed_pack_id, _iso(r.blocked_at))
+            for r in rows
+            if r.work_id not in invalid
+        ]
+        if items:
+            workqueue.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
+        try:
+            converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
+        except Exception as exc:
+            # Resolver errors may carry selectors: log the fixed class and the hash only.
+            log.warning(
+                "identity convergence probe failed",
+                dependency_key_hash=req.key_hash,
+                failure_class="resolver_error",
+            )
+            raise ApplicationError(
+                f"identity probe failed: {type(exc).__name__}", non_retryable=True
+            ) from None
+        return ProbeResult(converged=converged, items=items, invalid=n_invalid)
+
+    @activity.defn(name="identity.expire")
+    def expire(self, req: ExpireRequest) -> int:
+        """Expire the due items (the wait probed unresolved just before)."""
+        n = workqueue.expire_blocked(
+            self.engine, req.work_ids, _naive(req.now).replace(microsecond=0), key_hash=req.key_hash
+        )
+        if n:
+            log.warning(
+                "unresolved identity convergence wait expired after fresh owner read",
+                dependency_key_hash=req.key_hash,
+                items=n,
+                failure_class="identity-convergence-expired",
+            )
+        return n
+
+    @activity.defn(name="identity.wake")
+    def wake(self, key_hash: str) -> WakeResult:
+        """Blocked items of ``key_hash`` -> pending; the packs to wake."""
+        by_pack = workqueue.wake_blocked_by_pack(self.engine, key_hash)
+        return WakeResult(sum(by_pack.values()), sorted(by_pack))
+
+    # -- registration and recovery (async: they use the worker's client) -------
+
+    @activity.defn(name="identity.notify")
+    async def notify(self, req: WaitNotifyRequest) -> None:
+        """After a batch committed: register its blocked items, wake waits of new links."""
+        client = activity.client()
+        groups: dict[str, tuple[DependencySpec, list[str]]] = {}
+        for b in req.blocked:
+            groups.setdefault(b.key_hash, (b.dependency, []))[1].append(b.work_id)
+        queue = activity.info().task_queue
+        for spec, work_ids in groups.values():
+            await start_wait(
+                client,
+                database_id=req.database_id,
+                task_queue=queue,
+                dependency=from_spec(spec),
+                work_ids=work_ids,
+                config=self.config,
+            )
+        for key in req.wake_keys:
+            if not await signal_wake(client, req.database_id, key):
+                # No wait runs yet (its start is in flight): its first probe converges.
+                log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
+
+    def _waitless_page(self, after: tuple[datetime, str] | None) -> list[workqueue.BlockedRow]:
+        return workqueue.list_waitless_blocked(self.engine, after=after)
+
+    @activity.defn(name="identity.recover")
+    async def recover(self, database_id: str) -> int:
+        """Give every blocked row without a live wait its wait; returns waits (re)started.
+
+        Converts the seed's parked-processing rows to ``blocked`` and
+        terminalizes invalid blocked rows first. Pages of 1000, at most 100.
+        """
+        client = activity.client()
+        queue = activity.info().task_queue
+        await asyncio.to_thread(workqueue.convert_parked, self.engine)
+        invalid = await asyncio.to_thread(workqueue.list_invalid_blocked, self.engine)
+        if invalid:
+            n = await asyncio.to_thread(workqueue.terminalize_invalid, self.engine, invalid)
+            log.warning(
+                "invalid identity convergence waits terminalized",
+                items=n,
+                failure_class="identity-convergence-invalid",
+            )
+        started = 0
+        after: tuple[datetime, str] | None = None
+        for _page in range(workqueue.RECOVERY_MAX_PAGES):
+            rows = await asyncio.to_thread(self._waitless_page, after)
+            groups: dict[str, tuple[Dependency, list[str]]] = {}
+            bad: list[str] = []
+            for r in rows:
+                if r.dependency is None:
+                    bad.append(r.work_id)
+                    continue
+                groups.setdefault(r.dependency.key_hash, (r.dependency, []))[1].append(r.work_id)
+            if bad:
+                await asyncio.to_thread(workqueue.terminalize_invalid, self.engine, bad)
+            for dep, work_ids in groups.values():
+                await start_wait(
+                    client,
+                    database_id=database_id,
+                    task_queue=queue,
+                    dependency=dep,
+                    work_ids=work_ids,
+                    config=self.config,
+                )
+                started += 1
+            activity.heartbeat()
+            if len(rows) < workqueue.RECOVERY_PAGE:
+                break
+            last = rows[-1]
+            assert last.blocked_at is not None
+            after = (last.blocked_at, last.work_id)
+        else:
+            log.warning(
+                "identity convergence recovery stopped at its page bound",
+                pages=workqueue.RECOVERY_MAX_PAGES,
+            )
+        if started:
+            log.info("identity waits recovered", waits=started)
+        return started
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity method, for ``Worker(activities=...)``."""
+        return [self.probe, self.expire, self.wake, self.notify, self.recover]

@@ -1,0 +1,160 @@
+"""Identity-convergence dependencies: the key an item waits on, its hash, the probe.
+
+An inbound item whose lookup points at a parent that is not linked yet is
+``blocked`` on a *dependency* (port of the seed's ``IdentityConvergence``
+dependency on the WorkItem row):
+
+* ``remote_identity``: a remote link (owner key, namespace, destination
+  object, remote id) in ``_System_ConnectorRemoteLink`` — what the reference
+  flow waits on;
+* ``record``: a local record (object, record id) that does not exist yet.
+
+Its canonical key is the kind and the fields joined by U+001F; the key hash
+(``DependencyKeyHash``) is the sha256 hex of that key. Items waiting on one
+key share one ``IdentityWaitWorkflow``. :func:`probe` is the fresh owner read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select, text
+
+from nexuscrm.controlplane import catalog
+from nexuscrm.db import tables as t
+from nexuscrm.errors import NexusError
+
+KIND_REMOTE_IDENTITY = "remote_identity"
+KIND_RECORD = "record"
+KINDS = (KIND_REMOTE_IDENTITY, KIND_RECORD)
+
+FAILURE_CLASS_EXPIRED = "identity-convergence-expired"
+FAILURE_CLASS_INVALID = "identity-convergence-invalid"
+FAILURE_CLASS_BLOCKED = "dependency-unresolved"
+
+
+class InvalidDependency(NexusError, ValueError):
+    """A dependency lacks a field its kind needs."""
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """What a blocked item waits on.
+
+    ``object_api_name`` is the destination object for both kinds;
+    ``record_id`` is set for ``record``; ``owner_key``, ``namespace`` and
+    ``remote_id`` for ``remote_identity``.
+    """
+
+    kind: str
+    object_api_name: str
+    record_id: str = ""
+    owner_key: str = ""
+    namespace: str = ""
+    remote_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidDependency(f"unknown dependency kind {self.kind!r}")
+        if not self.object_api_name:
+            raise InvalidDependency("dependency lacks its object")
+        if self.kind == KIND_RECORD and not self.record_id:
+            raise InvalidDependency("record dependency lacks its record id")
+        if self.kind == KIND_REMOTE_IDENTITY and not (
+            self.owner_key and self.namespace and self.remote_id
+        ):
+            raise InvalidDependency("remote identity dependency lacks part of its tuple")
+
+    @classmethod
+    def remote(
+        cls, owner_key: str, namespace: str, destination_object: str, remote_id: str
+    ) -> Dependency:
+        """A ``remote_identity`` dependency."""
+        return cls(KIND_REMOTE_IDENTITY, destination_object, "", owner_key, namespace, remote_id)
+
+    @classmethod
+    def record(cls, object_api_name: str, record_id: str) -> Dependency:
+        """A ``record`` dependency."""
+        return cls(KIND_RECORD, object_api_name, record_id)
+
+    @property
+    def key(self) -> str:
+        """The canonical key: kind and fields joined by U+001F."""
+        if self.kind == KIND_RECORD:
+            parts = [self.kind, self.object_api_name, self.record_id]
+        else:
+            parts = [self.kind, self.owner_key, self.namespace, self.object_api_name]
+            parts.append(self.remote_id)
+        return "\x1f".join(parts)
+
+    @property
+    def key_hash(self) -> str:
+        """sha256 hex of :attr:`key` (``DependencyKeyHash``)."""
+        return hashlib.sha256(self.key.encode("utf-8")).hexdigest()
+
+    def columns(self) -> dict[str, Any]:
+        """The WorkItem ``Dependency*`` column values (without BlockedAt / ProbeAfter)."""
+        remote = self.kind == KIND_REMOTE_IDENTITY
+        return {
+            "DependencyKind": self.kind,
+            "DependencyObjectAPIName": self.object_api_name,
+            "DependencyRecordId": self.record_id or None,
+            "DependencyKeyHash": self.key_hash,
+            "DependencyConnectorOwnerKey": self.owner_key if remote else None,
+            "DependencyConnectorNamespace": self.namespace if remote else None,
+            "DependencyDestinationSlotId": self.object_api_name if remote else None,
+            "DependencyConnectorRemoteId": self.remote_id if remote else None,
+        }
+
+    @classmethod
+    def from_row(cls, row: Any) -> Dependency | None:
+        """The dependency of a WorkItem row (mapping or Row); ``None`` when incomplete."""
+        m = row if isinstance(row, dict) else row._mapping
+        kind = m.get("DependencyKind")
+        try:
+            if kind == KIND_RECORD:
+                return cls.record(
+                    m.get("DependencyObjectAPIName") or "", m.get("DependencyRecordId") or ""
+                )
+            if kind == KIND_REMOTE_IDENTITY:
+                return cls.remote(
+                    m.get("DependencyConnectorOwnerKey") or "",
+                    m.get("DependencyConnectorNamespace") or "",
+                    m.get("DependencyDestinationSlotId") or m.get("DependencyObjectAPIName") or "",
+                    m.get("DependencyConnectorRemoteId") or "",
+                )
+        except InvalidDependency:
+            return None
+        return None
+
+
+def probe(engine: Engine, dep: Dependency) -> bool:
+    """A fresh owner read: True when the dependency is there now (converged)."""
+    with engine.connect() as conn:
+        if dep.kind == KIND_REMOTE_IDENTITY:
+            rl = t.connector_remote_link
+            found = conn.execute(
+                select(rl.c.RecordId).where(
+                    rl.c.ConnectorOwnerKey == dep.owner_key,
+                    rl.c.Namespace == dep.namespace,
+                    rl.c.DestinationObject == dep.object_api_name,
+                    rl.c.RemoteId == dep.remote_id,
+                )
+            ).first()
+            return found is not None
+        obj = catalog.CACHE.get(engine).get(dep.object_api_name)
+        if obj is None or not obj.has_table:
+            return False
+        quote = conn.dialect.identifier_preparer.quote
+        found = conn.execute(
+            text(f"SELECT 1 FROM {quote(obj.table_name)} WHERE {quote('Id')} = :id"),
+            {"id": dep.record_id},
+        ).first()
+        return found is not None
+
+
+def wait_workflow_id(database_id: str, key_hash: str) -> str:
+    """``identity/<database id>/<key hash>``: the one wait of a dependency."""
+    return f"identity/{database_id}/{key_hash}"
