@@ -43,10 +43,11 @@ from nexuscrm.connectors.flows import (
     upsert_records,
 )
 from nexuscrm.connectors.identity import Dependency
-from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
+from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
 from nexuscrm.controlplane import catalog
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
+from nexuscrm.packs.model import InboundRoute
 
 # A blocked item whose identity wait has not marked it within this grace is
 # treated as wait-less by recovery (which starts the wait).
@@ -215,18 +216,24 @@ class Processor:
                     enriched[m.work_id] = dataclasses.replace(m, payload=payload)
         return [enriched.get(i.work_id, i) for i in items], errors
 
+    def _route(self, item: workqueue.ClaimedItem) -> tuple[InboundRoute, ConnectorPackRow]:
+        """The item's route and pack; raises ``RouteNotFoundError``, or ``FlowError``
+        for a route this supervisor cannot run (a runtime handoff)."""
+        route = self.routes.resolve(item.installed_pack_id, item.event_kind, item.route_version)
+        pack = self.routes.pack(item.installed_pack_id)
+        if route.invocation_mode != "flow":
+            raise FlowError(
+                "runtime-handoff-unavailable",
+                f"route {route.event_kind} v{route.route_version} hands off to a runtime "
+                "service; this supervisor runs local flows only",
+                retriable=False,
+            )
+        return route, pack
+
     def _plan(self, item: workqueue.ClaimedItem) -> _Plan:
         """Resolve the item's route: its flow request, or the error it fails with."""
         try:
-            route = self.routes.resolve(item.installed_pack_id, item.event_kind, item.route_version)
-            pack = self.routes.pack(item.installed_pack_id)
-            if route.invocation_mode != "flow":
-                raise FlowError(
-                    "runtime-handoff-unavailable",
-                    f"route {route.event_kind} v{route.route_version} hands off to a runtime "
-                    "service; this supervisor runs local flows only",
-                    retriable=False,
-                )
+            route, pack = self._route(item)
         except (RouteNotFoundError, FlowError) as exc:
             return _Plan(error=exc)
         except Exception:  # classified by the one-by-one path
@@ -358,15 +365,7 @@ class Processor:
         self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
     ) -> None:
         try:
-            route = self.routes.resolve(item.installed_pack_id, item.event_kind, item.route_version)
-            pack = self.routes.pack(item.installed_pack_id)
-            if route.invocation_mode != "flow":
-                raise FlowError(
-                    "runtime-handoff-unavailable",
-                    f"route {route.event_kind} v{route.route_version} hands off to a runtime "
-                    "service; this supervisor runs local flows only",
-                    retriable=False,
-                )
+            route, pack = self._route(item)
             if route.flow == "webhook":
                 timeout = self.flow_deadline.total_seconds() if self.flow_deadline else None
                 post_webhook(
