@@ -139,6 +139,9 @@ class IdentityActivities:
     """
 
     _probe_slot = threading.Semaphore(1)  # one probe at a time per worker process
+    # Post-commit wake of a finalized link's waiters by one UPDATE (the wait
+    # then only completes). False reproduces the polled design for benchmarks.
+    direct_wake = True
 
     def __init__(
         self,
@@ -263,10 +266,22 @@ class IdentityActivities:
                 work_ids=work_ids,
                 config=self.config,
             )
+        packs: set[str] = set()
+        for key in req.wake_keys if self.direct_wake else []:
+            # The link is committed: its waiters go back to pending right here, so
+            # the wake costs one update, not a wait's probe-and-wake round trip.
+            by_pack = await asyncio.to_thread(workqueue.wake_blocked_by_pack, self.engine, key)
+            packs.update(by_pack)
         for key in req.wake_keys:
             if not await signal_wake(client, req.database_id, key):
                 # No wait runs yet (its start is in flight): its first probe converges.
                 log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
+        fleet = client.get_workflow_handle(f"connector-fleet/{req.database_id}")
+        for install_id in sorted(packs):
+            try:
+                await fleet.signal("wake", install_id)
+            except RPCError:  # no fleet running: the workers' idle timers find the work
+                break
 
     def _waitless_page(self, after: tuple[datetime, str] | None) -> list[workqueue.BlockedRow]:
         return workqueue.list_waitless_blocked(self.engine, after=after)

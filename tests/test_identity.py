@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import RetryPolicy
 from temporalio.testing import WorkflowEnvironment
@@ -31,7 +31,7 @@ from nexusctl.identity import (
 )
 from nexusctl.temporal import SEARCH_ATTRIBUTES
 from workflows.identity import IdentityWaitWorkflow
-from workflows.models import IdentityWaitConfig, IdentityWaitStatus
+from workflows.models import IdentityWaitConfig, IdentityWaitStatus, WakeResult
 
 DEP = Dependency.remote("salesforce-sync", "salesforce-sync", "Account", "acct-1")
 
@@ -310,6 +310,136 @@ async def test_expiry_only_after_fresh_unresolved_probe(skipping_env, settings):
         assert failing.calls >= 2
         assert states(engine, ids_err)[ids_err[0]][0] == "blocked"
         await erring.terminate()
+
+
+class Gate:
+    """A slow resolver: each call signals ``entered`` and blocks until ``release``
+    (or ``hold`` seconds), then answers ``converged``. Thread-safe counters."""
+
+    def __init__(self, converged: bool = False, hold: float = 30.0) -> None:
+        import threading
+
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.converged = converged
+        self.hold = hold
+        self.calls = 0
+
+    def __call__(self, engine: Engine, dep: Dependency) -> bool:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(self.hold)
+        return self.converged
+
+
+class CountingActivities(IdentityActivities):
+    """``IdentityActivities`` counting the ``identity.wake`` runs and rows they woke."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.wake_runs = 0
+        self.woken_rows = 0
+
+    @activity.defn(name="identity.wake")
+    def wake(self, key_hash: str) -> WakeResult:
+        res = super().wake(key_hash)
+        self.wake_runs += 1
+        self.woken_rows += res.woken
+        return res
+
+
+async def test_wake_during_probe_wakes_once(temporal_env, settings):
+    """A ``wake`` signal that arrives while a (slow, unresolved) probe runs is not
+    lost: the wait wakes its items exactly once and completes, without probing again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = queue_db(settings)
+    client = temporal_env.client
+    queue = f"id-{uuid.uuid4().hex[:6]}"
+    gate = Gate(converged=False)
+    acts = CountingActivities(engine, settings, cfg(), resolver=gate)
+    ids = block(engine, 3)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[IdentityWaitWorkflow],
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    # Only a wake can complete this wait: probes say unresolved, the next one is a minute away.
+    config = cfg(probe_interval_seconds=60, max_probe_interval_seconds=60, probe_timeout_seconds=20)
+    async with worker:
+        handle = await begin(client, settings, queue, ids, config)
+        assert await asyncio.to_thread(gate.entered.wait, 10), "first probe never ran"
+        status = await handle.query(IdentityWaitWorkflow.status)
+        assert status.state == "probing"
+        await handle.signal(IdentityWaitWorkflow.wake)  # lands while the probe is in flight
+        await asyncio.sleep(0.5)
+        assert (await handle.query(IdentityWaitWorkflow.status)).state == "probing"
+        gate.release.set()  # the probe now answers "unresolved"
+        assert await asyncio.wait_for(handle.result(), 20) == 3
+        assert {s for s, _c in states(engine, ids).values()} == {"pending"}
+        assert gate.calls == 1  # no probe after the wake
+        assert (acts.wake_runs, acts.woken_rows) == (1, 3)
+        status = await handle.query(IdentityWaitWorkflow.status)
+        assert status.state == "woken" and status.woken == 3
+    args = (DEP.owner_key, DEP.namespace, DEP.object_api_name, DEP.remote_id)
+    assert await wake_identity_convergence_remote_identity(client, settings, *args) == 0
+
+
+async def test_hung_probe_times_out_never_expires(skipping_env, settings):
+    """A probe hung past the probe timeout counts as a failed probe: the wait
+    reschedules and never expires its items, even far past the max wait; the
+    worker keeps serving (a second wait converges by probe once the hang ends)."""
+    engine = queue_db(settings)
+    client = skipping_env.client
+    queue = f"id-{uuid.uuid4().hex[:6]}"
+    hung = Gate(converged=False, hold=120.0)  # unresolved, but only after the timeout
+    fine = Switch("converged")
+    other = Dependency.record("Account", "later")
+
+    def resolver(engine: Engine, dep: Dependency) -> bool:
+        return (fine if dep == other else hung)(engine, dep)
+
+    ids = block(engine, 2)
+    config = cfg(
+        probe_interval_seconds=5,
+        max_probe_interval_seconds=60,
+        probe_timeout_seconds=0.2,  # each timed-out probe costs real time: keep it short
+        max_wait_seconds=300,
+        search_attributes=False,
+    )
+    try:
+        async with wait_worker(client, settings, engine, resolver, queue):
+            handle = await begin(client, settings, queue, ids, config)
+            assert await asyncio.to_thread(hung.entered.wait, 10)
+            await skipping_env.sleep(timedelta(minutes=15))  # 3x the max wait, skipped
+            status = None
+            for _ in range(100):
+                status = await handle.query(IdentityWaitWorkflow.status)
+                if status.probes >= 2 and status.state == "probe-failed":
+                    break
+                await asyncio.sleep(0.1)
+            assert status is not None
+            assert status.state == "probe-failed", status
+            assert status.probes >= 2  # the timed-out probe was counted and rescheduled
+            assert sorted(status.items) == sorted(ids)
+            assert hung.calls == 1  # later probes timed out waiting for the held slot
+            assert {s for s, _c in states(engine, ids).values()} == {"blocked"}
+            desc = await handle.describe()
+            assert desc.status == WorkflowExecutionStatus.RUNNING
+
+            # The hang ends; the worker is healthy: a second wait converges by probe.
+            hung.release.set()
+            ids2 = block(engine, 1, other)
+            second = await begin(client, settings, queue, ids2, config, other)
+            assert await asyncio.wait_for(second.result(), 30) == 1
+            assert fine.calls >= 1
+            assert states(engine, ids2)[ids2[0]][0] == "pending"
+            assert {s for s, _c in states(engine, ids).values()} == {"blocked"}
+            await handle.terminate()
+    finally:
+        hung.release.set()
 
 
 async def test_no_wait_left_running_after_sync(temporal_env, settings):

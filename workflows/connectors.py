@@ -43,6 +43,9 @@ with workflow.unsafe.imports_passed_through():
         WorkerStatus,
     )
 
+# Wakes arriving within this window are forwarded as one.
+WAKE_COALESCE = timedelta(milliseconds=200)
+
 ACTIVITY_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
@@ -180,17 +183,29 @@ class PackSupervisorWorkflow:
     def __init__(self, config: SupervisorConfig) -> None:
         self.config = config
         self.draining = False
+        self.wake_pending = False
         self.slots: list[_Slot] = []
 
     @workflow.signal
-    async def wake(self) -> None:
-        """Central claim scheduler wake: signal every live worker."""
-        for slot in self.slots:
-            if slot.handle is not None and slot.state == "running":
-                try:
-                    await slot.handle.signal(InboundWorkerWorkflow.wake)
-                except Exception:  # a worker between runs misses one wake; its timer covers it
-                    workflow.logger.warning("wake of worker %s failed", slot.config.ordinal)
+    def wake(self) -> None:
+        """Central claim scheduler wake: every live worker is signalled (coalesced)."""
+        self.wake_pending = True
+
+    async def _forward_wakes(self) -> None:
+        # A burst of wakes (one per woken identity wait) becomes one fan-out per
+        # WAKE_COALESCE: the workers only need to know that work may be there.
+        while not self.draining:
+            await workflow.wait_condition(lambda: self.wake_pending or self.draining)
+            if self.draining:
+                return
+            self.wake_pending = False
+            for slot in self.slots:
+                if slot.handle is not None and slot.state == "running":
+                    try:
+                        await slot.handle.signal(InboundWorkerWorkflow.wake)
+                    except Exception:  # a worker between runs misses it; its idle timer covers it
+                        workflow.logger.warning("wake of worker %s failed", slot.config.ordinal)
+            await workflow.sleep(WAKE_COALESCE)
 
     @workflow.signal
     def drain(self) -> None:
@@ -281,7 +296,9 @@ class PackSupervisorWorkflow:
             slot = _Slot(self._worker_config(ordinal), backoff)
             self.slots.append(slot)
             slot.task = asyncio.ensure_future(self._supervise(slot))
+        forwarder = asyncio.ensure_future(self._forward_wakes())
         await workflow.wait_condition(lambda: self.draining)
+        await forwarder
         for slot in self.slots:
             if slot.handle is not None and slot.state == "running":
                 try:
@@ -325,6 +342,7 @@ class ConnectorFleetWorkflow:
         }
         self.requested: str | None = None
         self.stopping = False
+        self.wake_targets: set[str] = set()
         self.reconciles = 0
         self.last_error: str | None = None
 
@@ -345,11 +363,18 @@ class ConnectorFleetWorkflow:
         self.stopping = True
 
     @workflow.signal
-    async def wake(self, install_id: str) -> None:
-        """Wake the pool serving ``install_id`` (a no-op when none runs)."""
-        for pack in list(self.running.values()):
-            if pack.install_id == install_id:
-                await self._signal(pack, "wake")
+    def wake(self, install_id: str) -> None:
+        """Wake the pool serving ``install_id`` (a no-op when none runs; coalesced)."""
+        self.wake_targets.add(install_id)
+
+    async def _forward_wakes(self) -> None:
+        while not self.stopping:
+            await workflow.wait_condition(lambda: bool(self.wake_targets) or self.stopping)
+            targets, self.wake_targets = self.wake_targets, set()
+            for pack in list(self.running.values()):
+                if pack.install_id in targets and not self.stopping:
+                    await self._signal(pack, "wake")
+            await workflow.sleep(WAKE_COALESCE)
 
     @workflow.update
     async def prune(self, namespace: str, install_id: str) -> bool:
@@ -441,6 +466,7 @@ class ConnectorFleetWorkflow:
     @workflow.run
     async def run(self, inp: FleetInput) -> None:
         """Reconcile on start, on the timer and on signals; continue-as-new periodically."""
+        forwarder = asyncio.ensure_future(self._forward_wakes())
         while not self.stopping:
             force = self.requested == "all"
             self.requested = None
@@ -461,6 +487,7 @@ class ConnectorFleetWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 inp.running = list(self.running.values())
                 workflow.continue_as_new(inp)
+        await forwarder
         for pack in list(self.running.values()):
             await self._signal(pack, "drain")
         self.running.clear()

@@ -1,0 +1,299 @@
+"""Benchmark: identity-convergence wake latency, IdentityWait workflows vs a 5 s poll.
+
+Usage:
+    python bench/bench_identity.py [--n 1000] [--poll-seconds 5] [--mysql-url mysql+pymysql://...]
+
+Per backend and per design, a fresh database with the salesforce-sync pack and
+the connector fleet (in this process, in-memory Temporal dev server):
+
+1. enqueue N Contact events, each looking up its own parent Account (remote id
+   ``a<k>``) that is not linked yet; wait until all N are ``blocked`` (and, in
+   the wait design, N ``IdentityWait`` workflows run);
+2. enqueue the N parent Account events;
+3. a watcher polls the work items every 50 ms and records when each item is
+   first seen ``succeeded`` (``TerminalAt`` is whole seconds on MariaDB, so
+   the bench times rows itself); latency = child seen succeeded - its parent
+   seen succeeded (the parent's link commits in the batch that succeeds it).
+
+Designs: ``waits`` is the runtime as shipped (the parent batch signals ``wake``
+to the child's wait). ``poll`` disables the IdentityWait path (``start_wait`` /
+``signal_wake`` are no-ops in this process) and runs the seed's polled design
+in this script: every ``--poll-seconds`` it scans blocked rows whose remote
+link now exists, sets them pending and signals the fleet ``wake``.
+Prints median and p99 per design; both figures carry the 50 ms watcher
+resolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sqlalchemy import Engine, and_, exists, select, text
+from sqlalchemy.engine import make_url
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+import activities.identity as identity_acts
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.controlplane import catalog
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexuscrm.log import configure_logging
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+from nexuscrm.settings import Settings
+from nexusctl.temporal import (
+    SEARCH_ATTRIBUTES,
+    signal_fleet,
+    start_controlplane,
+    start_fleet,
+    temporal_binary,
+)
+from nexusctl.worker import build_connector_worker, build_worker
+from workflows.models import ApplyAllInput, FleetInput
+
+WATCH_S = 0.05
+PHASE_TIMEOUT_S = 150.0
+
+
+def event(
+    pack: object, sobject: str, rid: str, fields: dict[str, str], refs: dict[str, str]
+) -> workqueue.EnqueueRequest:
+    return workqueue.EnqueueRequest(
+        installed_pack_id=pack.install_id,  # type: ignore[attr-defined]
+        namespace=pack.namespace,  # type: ignore[attr-defined]
+        event_kind="salesforce.record.upsert",
+        idempotency_key=f"{sobject}:{rid}",
+        source_object=sobject,
+        source_id=rid,
+        target_object=sobject,
+        target_remote_id=rid,
+        payload={"sobject": sobject, "remote_id": rid, "fields": fields, "references": refs},
+    )
+
+
+def count_state(engine: Engine, state: str) -> int:
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        return len(conn.execute(select(w.c.WorkId).where(w.c.State == state)).all())
+
+
+@contextmanager
+def waits_disabled() -> Iterator[None]:
+    """The polled design: no IdentityWait is started or signalled in this process."""
+
+    async def no_start(*_a: object, **_k: object) -> None:
+        return None
+
+    async def no_wake(*_a: object, **_k: object) -> bool:
+        return False
+
+    saved = identity_acts.start_wait, identity_acts.signal_wake
+    identity_acts.start_wait, identity_acts.signal_wake = no_start, no_wake
+    # no post-commit wake either: only the poll loop wakes rows
+    identity_acts.IdentityActivities.direct_wake = False
+    try:
+        yield
+    finally:
+        identity_acts.start_wait, identity_acts.signal_wake = saved
+        identity_acts.IdentityActivities.direct_wake = True
+
+
+async def poll_loop(engine: Engine, client: Client, settings: Settings, every: float) -> None:
+    """The seed's polled scan: blocked rows whose remote link now exists -> pending."""
+    w, rl = t.connector_work_item, t.connector_remote_link
+    linked = exists().where(
+        and_(
+            rl.c.ConnectorOwnerKey == w.c.DependencyConnectorOwnerKey,
+            rl.c.Namespace == w.c.DependencyConnectorNamespace,
+            rl.c.DestinationObject == w.c.DependencyDestinationSlotId,
+            rl.c.RemoteId == w.c.DependencyConnectorRemoteId,
+        )
+    )
+    query = select(w.c.DependencyKeyHash).where(w.c.State == "blocked", linked).distinct()
+    while True:
+        await asyncio.sleep(every)
+
+        def scan() -> set[str]:
+            with engine.connect() as conn:
+                keys = [r[0] for r in conn.execute(query)]
+            packs: set[str] = set()
+            for key in keys:
+                packs |= set(workqueue.wake_blocked_by_pack(engine, key))
+            return packs
+
+        for install_id in sorted(await asyncio.to_thread(scan)):
+            await signal_fleet(client, settings, "wake", install_id)
+
+
+async def watch(
+    engine: Engine, lanes: dict[str, str], seen: dict[str, float], stop: asyncio.Event
+) -> None:
+    """Record when each item (by source id) is first seen succeeded, every 50 ms."""
+    w = t.connector_work_item
+    query = select(w.c.SourceLaneKey).where(w.c.State == "succeeded")
+
+    def rows() -> list[str]:
+        with engine.connect() as conn:
+            return [lanes[r[0]] for r in conn.execute(query) if r[0] in lanes]
+
+    while not stop.is_set():
+        ids = await asyncio.to_thread(rows)
+        now = time.perf_counter()
+        for sid in ids:
+            seen.setdefault(sid, now)
+        await asyncio.sleep(WATCH_S)
+
+
+async def until(pred_desc: str, pred: object, timeout: float = PHASE_TIMEOUT_S) -> None:
+    deadline = time.perf_counter() + timeout
+    while not await asyncio.to_thread(pred):  # type: ignore[arg-type]
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"timed out waiting for {pred_desc}")
+        await asyncio.sleep(0.1)
+
+
+async def run(
+    env: WorkflowEnvironment, url: str, n: int, design: str, poll_s: float
+) -> list[float]:
+    settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bi-{uuid.uuid4().hex[:8]}")
+    catalog.CACHE.invalidate()
+    async with build_worker(env.client, settings):
+        handle = await start_controlplane(
+            env.client,
+            settings,
+            "ApplyAll",
+            ApplyAllInput(app_pack_sources=[str(CONNECTOR_PACKS_DIR / "salesforce-sync")]),
+        )
+        await handle.result()
+    engine = make_engine(url)
+    (pack,) = list_connector_packs(engine)
+    children = [
+        event(
+            pack,
+            "Contact",
+            f"c{k}",
+            {"LastName": f"L{k}", "AccountId": f"a{k}"},
+            {"AccountId": f"a{k}"},
+        )
+        for k in range(n)
+    ]
+    parents = [event(pack, "Account", f"a{k}", {"Name": f"Account {k}"}, {}) for k in range(n)]
+    workqueue.enqueue(engine, children)
+    seen: dict[str, float] = {}
+    stop = asyncio.Event()
+    fleet_input = FleetInput(
+        database_id=settings.database_id,
+        reconcile_interval_seconds=5,
+        idle_seconds=0.5,
+        drain_timeout_seconds=5,
+    )
+    async with build_connector_worker(env.client, settings):
+        fleet = await start_fleet(env.client, settings, fleet_input)
+        await until(f"{n} blocked", lambda: count_state(engine, "blocked") >= n)
+        if design == "waits":
+            query = (
+                f"WorkflowType = 'IdentityWait' AND NexusDatabase = '{settings.database_id}'"
+                " AND ExecutionStatus = 'Running'"
+            )
+            deadline = time.perf_counter() + PHASE_TIMEOUT_S
+            while (await env.client.count_workflows(query)).count < n:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError("waits never all registered")
+                await asyncio.sleep(0.2)
+        poller = (
+            asyncio.create_task(poll_loop(engine, env.client, settings, poll_s))
+            if design == "poll"
+            else None
+        )
+        lanes = {
+            workqueue.lane_key(e.namespace, e.source_object, e.source_id): e.source_id
+            for e in children + parents
+        }
+        watcher = asyncio.create_task(watch(engine, lanes, seen, stop))
+        workqueue.enqueue(engine, parents)
+        await until(f"{2 * n} succeeded", lambda: count_state(engine, "succeeded") >= 2 * n)
+        await asyncio.sleep(2 * WATCH_S)
+        stop.set()
+        await watcher
+        if poller:
+            poller.cancel()
+        await fleet.signal("stop")
+        await fleet.result()
+    engine.dispose()
+    return [seen[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
+
+
+def summary(lat: list[float]) -> str:
+    ms = sorted(x * 1000 for x in lat)
+    p99 = ms[min(len(ms) - 1, round(0.99 * len(ms)) - 1)]
+    return f"median {statistics.median(ms):,.0f} ms, p99 {p99:,.0f} ms, max {ms[-1]:,.0f} ms"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=1000)
+    parser.add_argument("--poll-seconds", type=float, default=5.0)
+    parser.add_argument("--mysql-url")
+    args = parser.parse_args()
+    configure_logging("json", "ERROR")
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+    )
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    try:
+        tmp = tempfile.mkdtemp()
+        backends = ["sqlite"] + (["mysql"] if args.mysql_url else [])
+        for backend in backends:
+            for design in ("waits", "poll"):
+                if backend == "sqlite":
+                    url = f"sqlite:///{tmp}/bench-{design}.db"
+                else:
+                    name = f"nexus_bi_{uuid.uuid4().hex[:8]}"
+                    with make_engine(args.mysql_url).begin() as conn:
+                        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+                    url = (
+                        make_url(args.mysql_url)
+                        .set(database=name)
+                        .render_as_string(hide_password=False)
+                    )
+                start = time.perf_counter()
+                try:
+                    if design == "poll":
+                        with waits_disabled():
+                            lat = await run(env, url, args.n, design, args.poll_seconds)
+                    else:
+                        lat = await run(env, url, args.n, design, args.poll_seconds)
+                finally:
+                    if backend == "mysql":
+                        with make_engine(url).begin() as conn:
+                            conn.execute(
+                                text(f"DROP DATABASE IF EXISTS `{make_url(url).database}`")
+                            )
+                label = (
+                    "IdentityWait wake" if design == "waits" else f"{args.poll_seconds:g} s poll"
+                )
+                print(
+                    f"{backend}: {args.n} children, {label}: parent succeeded -> child succeeded "
+                    f"{summary(lat)} (run {time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
