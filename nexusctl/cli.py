@@ -826,7 +826,9 @@ def demo_sync(
                     stats = workqueue.pack_queue_stats(engine, row.install_id)
                     states = stats[0].by_state() if stats else {}
                     live.update(f"sync: {states}  ({time.monotonic() - start:.1f} s)")
-                    if not states.get("pending") and not states.get("processing"):
+                    # blocked items wait for their parents (identity convergence)
+                    busy = ("pending", "processing", "blocked")
+                    if not any(states.get(k) for k in busy):
                         break
                     await asyncio.sleep(0.25)
         finally:
