@@ -46,6 +46,12 @@ Resolver = Callable[[Engine, Dependency], bool]
 
 ENV_PREFIX = "NEXUSCRM_CONNECTOR_IDENTITY_"
 
+PROBE_FAILED = "identity convergence resolver failed"
+PROBE_TIMED_OUT = "identity convergence probe timed out"
+
+SIGNAL_CONCURRENCY = 32
+"""Signals (wakes, signal-with-starts) one notify keeps in flight at once."""
+
 
 def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
     """``IdentityWaitConfig`` with ``NEXUSCRM_CONNECTOR_IDENTITY_*`` overrides (seconds).
@@ -135,7 +141,8 @@ class IdentityActivities:
     """Identity-wait activities of one database.
 
     ``resolver(engine, dependency) -> converged`` is the owner read
-    (:func:`nexuscrm.connectors.identity.probe` by default; tests swap it).
+    (:func:`nexuscrm.connectors.identity.probe` by default; tests swap it;
+    ``None`` is the seed's missing resolver: probes fail, nothing expires).
     """
 
     _probe_slot = threading.Semaphore(1)  # one probe at a time per worker process
@@ -148,25 +155,30 @@ class IdentityActivities:
         engine: Engine,
         settings: Settings,
         config: IdentityWaitConfig | None = None,
-        resolver: Resolver | None = None,
+        resolver: Resolver | None = probe,
     ) -> None:
         self.engine = engine
         self.settings = settings
         self.config = config or config_from_env()
-        self.resolver: Resolver = resolver or probe
+        # None: no owner authority (the seed's nil resolver): every probe fails,
+        # so waits only reschedule and nothing ever expires; wakes still work.
+        self.resolver: Resolver | None = resolver
 
     # -- probe -----------------------------------------------------------------
 
     def _resolve_bounded(self, dep: Dependency, timeout: float) -> bool:
+        resolver = self.resolver
+        if resolver is None:
+            raise LookupError("no identity convergence resolver is configured")
         deadline = time.monotonic() + timeout
         if not self._probe_slot.acquire(timeout=timeout):
-            raise TimeoutError("identity probe slot busy past the probe timeout")
+            raise TimeoutError(PROBE_TIMED_OUT)
         outcome: dict[str, Any] = {}
         done = threading.Event()
 
         def run() -> None:
             try:
-                outcome["result"] = bool(self.resolver(self.engine, dep))
+                outcome["result"] = bool(resolver(self.engine, dep))
             except BaseException as exc:  # a resolver error is a retry, never the process
                 outcome["error"] = exc
             finally:
@@ -177,9 +189,11 @@ class IdentityActivities:
         finished = done.wait(max(0.0, deadline - time.monotonic()))
         # The deadline wins over a result that arrives with it: not a fresh fact.
         if not finished or time.monotonic() > deadline:
-            raise TimeoutError(f"identity probe timed out after {timeout} s")
+            raise TimeoutError(PROBE_TIMED_OUT)
         if "error" in outcome:
-            raise RuntimeError(f"identity probe failed: {type(outcome['error']).__name__}")
+            # The seed's errConnectorInboundIdentityProbePanic: the resolver is host
+            # code and its error may hold host data, so none of it travels on.
+            raise RuntimeError(PROBE_FAILED)
         return bool(outcome["result"])
 
     @activity.defn(name="identity.probe")
@@ -214,7 +228,16 @@ class IdentityActivities:
             workqueue.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
         try:
             converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
-        except Exception as exc:
+        except TimeoutError:
+            log.warning(
+                "identity convergence probe timed out",
+                dependency_key_hash=req.key_hash,
+                failure_class="probe_timeout",
+            )
+            raise ApplicationError(
+                PROBE_TIMED_OUT, type="IdentityProbeTimeout", non_retryable=True
+            ) from None
+        except Exception:
             # Resolver errors may carry selectors: log the fixed class and the hash only.
             log.warning(
                 "identity convergence probe failed",
@@ -222,7 +245,7 @@ class IdentityActivities:
                 failure_class="resolver_error",
             )
             raise ApplicationError(
-                f"identity probe failed: {type(exc).__name__}", non_retryable=True
+                PROBE_FAILED, type="IdentityProbeFailed", non_retryable=True
             ) from None
         return ProbeResult(converged=converged, items=items, invalid=n_invalid)
 
@@ -251,37 +274,52 @@ class IdentityActivities:
 
     @activity.defn(name="identity.notify")
     async def notify(self, req: WaitNotifyRequest) -> None:
-        """After a batch committed: register its blocked items, wake waits of new links."""
+        """After a batch committed: wake the waiters of its new links, register its blocked items.
+
+        Order matters for latency: the woken rows go pending and their pools are
+        woken first, then the waits are signalled (concurrently, at most
+        :data:`SIGNAL_CONCURRENCY` at once) and the new waits registered.
+        """
         client = activity.client()
-        groups: dict[str, tuple[DependencySpec, list[str]]] = {}
-        for b in req.blocked:
-            groups.setdefault(b.key_hash, (b.dependency, []))[1].append(b.work_id)
-        queue = activity.info().task_queue
-        for spec, work_ids in groups.values():
-            await start_wait(
-                client,
-                database_id=req.database_id,
-                task_queue=queue,
-                dependency=from_spec(spec),
-                work_ids=work_ids,
-                config=self.config,
-            )
         packs: set[str] = set()
         for key in req.wake_keys if self.direct_wake else []:
             # The link is committed: its waiters go back to pending right here, so
             # the wake costs one update, not a wait's probe-and-wake round trip.
             by_pack = await asyncio.to_thread(workqueue.wake_blocked_by_pack, self.engine, key)
             packs.update(by_pack)
-        for key in req.wake_keys:
-            if not await signal_wake(client, req.database_id, key):
-                # No wait runs yet (its start is in flight): its first probe converges.
-                log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
         fleet = client.get_workflow_handle(f"connector-fleet/{req.database_id}")
         for install_id in sorted(packs):
             try:
                 await fleet.signal("wake", install_id)
             except RPCError:  # no fleet running: the workers' idle timers find the work
                 break
+        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def wake_one(key: str) -> None:
+            async with gate:
+                if not await signal_wake(client, req.database_id, key):
+                    # No wait runs yet (its start is in flight): its first probe converges.
+                    log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
+
+        groups: dict[str, tuple[DependencySpec, list[str]]] = {}
+        for b in req.blocked:
+            groups.setdefault(b.key_hash, (b.dependency, []))[1].append(b.work_id)
+
+        async def register(spec: DependencySpec, work_ids: list[str]) -> None:
+            async with gate:
+                await start_wait(
+                    client,
+                    database_id=req.database_id,
+                    task_queue=self.settings.identity_task_queue,
+                    dependency=from_spec(spec),
+                    work_ids=work_ids,
+                    config=self.config,
+                )
+
+        await asyncio.gather(
+            *(wake_one(key) for key in req.wake_keys),
+            *(register(spec, ids) for spec, ids in groups.values()),
+        )
 
     def _waitless_page(self, after: tuple[datetime, str] | None) -> list[workqueue.BlockedRow]:
         return workqueue.list_waitless_blocked(self.engine, after=after)
@@ -294,7 +332,7 @@ class IdentityActivities:
         terminalizes invalid blocked rows first. Pages of 1000, at most 100.
         """
         client = activity.client()
-        queue = activity.info().task_queue
+        queue = self.settings.identity_task_queue
         await asyncio.to_thread(workqueue.convert_parked, self.engine)
         invalid = await asyncio.to_thread(workqueue.list_invalid_blocked, self.engine)
         if invalid:
@@ -342,6 +380,10 @@ class IdentityActivities:
             log.info("identity waits recovered", waits=started)
         return started
 
+    def wait_activities(self) -> list[Callable[..., Any]]:
+        """The activities an IdentityWait runs (probe; wake and expire as local activities)."""
+        return [self.probe, self.expire, self.wake]
+
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""
-        return [self.probe, self.expire, self.wake, self.notify, self.recover]
+        return [*self.wait_activities(), self.notify, self.recover]

@@ -55,9 +55,14 @@ class Settings(BaseSettings):
       database_id [NEXUS_DATABASE_ID]: slug naming the database in workflow ids.
       temporal_address [NEXUS_TEMPORAL_ADDRESS]: host:port of the frontend.
       temporal_namespace [NEXUS_TEMPORAL_NAMESPACE].
-      controlplane_task_queue / connector_task_queue: task queue names; default
-        ``nexus-controlplane/<database id>`` and ``nexus-connectors/<database id>``
+      controlplane_task_queue / connector_task_queue / identity_task_queue: task
+        queue names; default ``nexus-controlplane/<database id>``,
+        ``nexus-connectors/<database id>`` and ``nexus-identity/<database id>``
         (one database per worker, so never shared between databases).
+      identity_probes_per_second [NEXUS_IDENTITY_PROBES_PER_SECOND]: the most
+        identity-convergence probes the database's waits run per second, all
+        workers together (the seed's 25 due rows per 5 s scan, by default 20/s);
+        wakes are signals and never wait on it.
       env [NEXUS_ENV]: ``production``/``prod``/``staging`` skip the DevSample pack.
       serving_selection [NEXUS_SERVING_SELECTION]: path of a frozen serving selection.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
@@ -72,6 +77,8 @@ class Settings(BaseSettings):
     # Empty: derived from the database id (see ``_task_queues``).
     controlplane_task_queue: str = ""
     connector_task_queue: str = ""
+    identity_task_queue: str = ""
+    identity_probes_per_second: float = Field(default=20.0, gt=0)
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"
@@ -122,6 +129,8 @@ class Settings(BaseSettings):
             self.controlplane_task_queue = f"nexus-controlplane/{self.database_id}"
         if not self.connector_task_queue:
             self.connector_task_queue = f"nexus-connectors/{self.database_id}"
+        if not self.identity_task_queue:
+            self.identity_task_queue = f"nexus-identity/{self.database_id}"
         return self
 
     @cached_property

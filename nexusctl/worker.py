@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
+from sqlalchemy import Engine
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -21,25 +23,69 @@ from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
 
+class WorkerGroup:
+    """Several ``Worker``s run and stopped together (``async with``)."""
+
+    def __init__(self, *workers: Worker) -> None:
+        self.workers = workers
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> WorkerGroup:
+        for worker in self.workers:
+            await self._stack.enter_async_context(worker)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+
+def build_identity_worker(client: Client, settings: Settings, engine: Engine) -> Worker:
+    """A ``Worker`` for identity-convergence waits on ``settings.identity_task_queue``.
+
+    The waits' only remote activity is the probe, so the task queue's activity
+    rate limit (``identity_probes_per_second``, enforced by the server across
+    every worker) bounds the owner reads of all waits together, as the seed's
+    25-rows-per-scan does; wake and expire run as local activities, unlimited.
+    A queue of its own keeps a thousand sleeping waits from taking the inbound
+    workers' slots.
+    """
+    identity = IdentityActivities(engine, settings)
+    return Worker(
+        client,
+        task_queue=settings.identity_task_queue,
+        workflows=IDENTITY_WORKFLOWS,
+        activities=identity.wait_activities(),
+        activity_executor=ThreadPoolExecutor(max_workers=4),
+        # Probes are single-flight per process (see IdentityActivities): more
+        # slots would only park probes behind the semaphore.
+        max_concurrent_activities=2,
+        max_concurrent_local_activities=8,
+        max_task_queue_activities_per_second=settings.identity_probes_per_second,
+    )
+
+
 def build_connector_worker(
     client: Client, settings: Settings, task_queue: str | None = None
-) -> Worker:
-    """A ``Worker`` for the connector runtime (fleet, pack supervisors, inbound workers).
+) -> WorkerGroup:
+    """Workers for the connector runtime (fleet, pack supervisors, inbound workers)
+    and for its identity-convergence waits (:func:`build_identity_worker`).
 
     Knobs come from the ``NEXUSCRM_CONNECTOR_*`` environment (read once here).
     """
     engine = make_engine(settings.database_url)
     acts = ConnectorActivities(engine, settings, ConnectorKnobs.from_env())
     identity = IdentityActivities(engine, settings)
-    return Worker(
+    connectors = Worker(
         client,
         task_queue=task_queue or settings.connector_task_queue,
-        workflows=[*CONNECTOR_WORKFLOWS, *IDENTITY_WORKFLOWS],
-        activities=acts.all() + identity.all(),
+        workflows=CONNECTOR_WORKFLOWS,
+        # notify and recover start and signal waits from the connector queue.
+        activities=[*acts.all(), identity.notify, identity.recover],
         activity_executor=ThreadPoolExecutor(max_workers=16),
         max_concurrent_activities=16,
         max_concurrent_local_activities=16,
     )
+    return WorkerGroup(connectors, build_identity_worker(client, settings, engine))
 
 
 def build_worker(client: Client, settings: Settings, task_queue: str | None = None) -> Worker:

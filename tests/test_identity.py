@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, select, text, update
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import RetryPolicy
@@ -169,7 +169,7 @@ async def test_wake_without_waiter_and_duplicate_wakes(temporal_env, settings):
 async def test_wait_converges_on_first_probe_and_on_wake(temporal_env, settings):
     engine = queue_db(settings)
     client = temporal_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     switch = Switch("converged")  # the link exists before the wait starts
     ids = block(engine, 2)
     async with wait_worker(client, settings, engine, switch, queue):
@@ -197,7 +197,7 @@ async def test_wait_converges_on_first_probe_and_on_wake(temporal_env, settings)
 async def test_invalid_and_recovery(temporal_env, settings):
     engine = queue_db(settings)
     client = temporal_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     ids = block(engine, 3)
     w = t.connector_work_item
     with engine.begin() as conn:  # one row lost its dependency; one is the seed's parked shape
@@ -232,7 +232,7 @@ async def test_invalid_and_recovery(temporal_env, settings):
 async def test_wait_survives_worker_restart(temporal_env, settings):
     engine = queue_db(settings)
     client = temporal_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     switch = Switch("unresolved")
     ids = block(engine, 1)
     async with wait_worker(client, settings, engine, switch, queue):
@@ -255,7 +255,7 @@ async def test_wait_survives_worker_restart(temporal_env, settings):
 async def test_expiry_only_after_fresh_unresolved_probe(skipping_env, settings):
     engine = queue_db(settings)
     client = skipping_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     ids = block(engine, 2)
     other = Dependency.record("Account", "never")
     ids_err = block(engine, 1, other)
@@ -331,12 +331,13 @@ class CountingActivities(IdentityActivities):
 
 async def test_wake_during_probe_wakes_once(temporal_env, settings):
     """A ``wake`` signal that arrives while a (slow, unresolved) probe runs is not
-    lost: the wait wakes its items exactly once and completes, without probing again."""
+    lost and does not wait for the probe: the wait wakes its items exactly once
+    and completes while the probe still hangs, and never probes again."""
     from concurrent.futures import ThreadPoolExecutor
 
     engine = queue_db(settings)
     client = temporal_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     gate = Gate(converged=False)
     acts = CountingActivities(engine, settings, cfg(), resolver=gate)
     ids = block(engine, 3)
@@ -355,15 +356,15 @@ async def test_wake_during_probe_wakes_once(temporal_env, settings):
         status = await handle.query(IdentityWaitWorkflow.status)
         assert status.state == "probing"
         await handle.signal(IdentityWaitWorkflow.wake)  # lands while the probe is in flight
-        await asyncio.sleep(0.5)
-        assert (await handle.query(IdentityWaitWorkflow.status)).state == "probing"
-        gate.release.set()  # the probe now answers "unresolved"
         assert await asyncio.wait_for(handle.result(), 20) == 3
+        assert not gate.release.is_set()  # the probe was still hanging
         assert {s for s, _c in states(engine, ids).values()} == {"pending"}
-        assert gate.calls == 1  # no probe after the wake
         assert (acts.wake_runs, acts.woken_rows) == (1, 3)
         status = await handle.query(IdentityWaitWorkflow.status)
         assert status.state == "woken" and status.woken == 3
+        gate.release.set()
+        await asyncio.sleep(0.5)
+        assert gate.calls == 1  # no probe after the wake
     args = (DEP.owner_key, DEP.namespace, DEP.object_api_name, DEP.remote_id)
     assert await wake_identity_convergence_remote_identity(client, settings, *args) == 0
 
@@ -374,7 +375,7 @@ async def test_hung_probe_times_out_never_expires(skipping_env, settings):
     worker keeps serving (a second wait converges by probe once the hang ends)."""
     engine = queue_db(settings)
     client = skipping_env.client
-    queue = f"id-{uuid.uuid4().hex[:6]}"
+    queue = settings.identity_task_queue
     hung = Gate(converged=False, hold=120.0)  # unresolved, but only after the timeout
     fine = Switch("converged")
     other = Dependency.record("Account", "later")
@@ -444,3 +445,248 @@ async def test_no_wait_left_running_after_sync(temporal_env, settings):
 
 
 _ = SEARCH_ATTRIBUTES
+
+
+# --- issue 5: expiry clock per item (rule 3) and identity-probe edges (rule 11) ----
+
+
+async def set_blocked_at(env: Any, engine: Engine, work_ids: list[str], minutes_ago: float) -> None:
+    """Blocked ``minutes_ago`` by the (time-skipping) server's clock, which earlier
+    tests of the module may have moved ahead of the wall clock."""
+    w = t.connector_work_item
+    now = (await env.get_current_time()).astimezone(UTC).replace(tzinfo=None)
+    when = now - timedelta(minutes=minutes_ago)
+    with engine.begin() as conn:
+        conn.execute(
+            update(w)
+            .where(w.c.WorkId.in_(work_ids))
+            .values(DependencyBlockedAt=when.replace(microsecond=0))
+        )
+
+
+async def until_state(engine: Engine, ids: list[str], want: set[tuple[str, str | None]]) -> None:
+    for _ in range(100):
+        if set(states(engine, ids).values()) == want:
+            return
+        await asyncio.sleep(0.1)
+    assert set(states(engine, ids).values()) == want
+
+
+async def test_expiry_clock_is_per_item(skipping_env, settings):
+    """Two items of one wait: the one blocked 25 minutes ago expires at its own 30
+    minutes (after a fresh unresolved probe); the one blocked now stays blocked."""
+    engine = queue_db(settings)
+    client = skipping_env.client
+    queue = settings.identity_task_queue
+    old = block(engine, 1)
+    await set_blocked_at(skipping_env, engine, old, 25)
+    new = block(engine, 1)
+    await set_blocked_at(skipping_env, engine, new, 0)
+    switch = Switch("unresolved")
+    config = cfg(
+        probe_interval_seconds=30,
+        max_probe_interval_seconds=60,
+        max_wait_seconds=1800,
+        search_attributes=False,
+    )
+    async with wait_worker(client, settings, engine, switch, queue):
+        handle = await begin(client, settings, queue, old + new, config)
+        await skipping_env.sleep(timedelta(minutes=8))
+        await until_state(engine, old, {("failed", "identity-convergence-expired")})
+        assert states(engine, new)[new[0]][0] == "blocked"
+        status = await handle.query(IdentityWaitWorkflow.status)
+        assert status.items == new and status.state in {"sleeping", "probing"}
+        await handle.terminate()
+
+
+async def test_max_wait_zero_and_no_resolver_never_expire(skipping_env, settings):
+    """``max_wait <= 0`` disables expiry (probes go on); with no resolver every
+    probe fails and reschedules, so nothing expires even far past the max wait."""
+    engine = queue_db(settings)
+    client = skipping_env.client
+    queue = settings.identity_task_queue
+    ids = block(engine, 1)
+    await set_blocked_at(skipping_env, engine, ids, 600)
+    other = Dependency.record("Account", "no-resolver")
+    ids2 = block(engine, 1, other)
+    await set_blocked_at(skipping_env, engine, ids2, 600)
+    switch = Switch("unresolved")
+    slow = {"probe_interval_seconds": 60, "max_probe_interval_seconds": 300}
+    no_expiry = cfg(**slow, max_wait_seconds=0, search_attributes=False)
+    expiring = cfg(**slow, max_wait_seconds=60, search_attributes=False)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with_resolver = IdentityActivities(engine, settings, cfg(), resolver=switch)
+    without = IdentityActivities(engine, settings, cfg(), resolver=None)
+    queue2 = f"{queue}-none"
+    workers = [
+        Worker(
+            client,
+            task_queue=queue,
+            workflows=[IdentityWaitWorkflow],
+            activities=with_resolver.all(),
+            activity_executor=ThreadPoolExecutor(2),
+        ),
+        Worker(
+            client,
+            task_queue=queue2,
+            workflows=[IdentityWaitWorkflow],
+            activities=without.all(),
+            activity_executor=ThreadPoolExecutor(2),
+        ),
+    ]
+    async with workers[0], workers[1]:
+        handle = await begin(client, settings, queue, ids, no_expiry)
+        handle2 = await begin(client, settings, queue2, ids2, expiring, other)
+        await skipping_env.sleep(timedelta(minutes=20))
+        for _ in range(100):
+            s1 = await handle.query(IdentityWaitWorkflow.status)
+            s2 = await handle2.query(IdentityWaitWorkflow.status)
+            if s1.probes >= 3 and s2.probes >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert s1.probes >= 3 and switch.calls >= 3  # it kept probing, unresolved
+        assert s2.probes >= 3 and s2.state == "probe-failed"
+        assert states(engine, ids)[ids[0]][0] == "blocked"
+        assert states(engine, ids2)[ids2[0]][0] == "blocked"
+        await handle.terminate()
+        await handle2.terminate()
+
+
+def _probe_request(key: str, work_ids: list[str], timeout: float) -> Any:
+    from activities.identity import to_spec
+    from workflows.models import ProbeRequest
+
+    return ProbeRequest(
+        key_hash=key,
+        dependency=to_spec(DEP),
+        work_ids=work_ids,
+        alive_until=workqueue.utcnow().isoformat(),
+        timeout_seconds=timeout,
+    )
+
+
+def test_probe_edges_late_result_and_resolver_panic(settings):
+    """A result that arrives after the probe deadline is a timeout, not a fresh fact;
+    a resolver that raises becomes a fixed error carrying none of its message."""
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    engine = queue_db(settings)
+    ids = block(engine, 1)
+
+    def late(engine: Engine, dep: Dependency) -> bool:
+        import time
+
+        time.sleep(0.6)
+        return True  # converged, but too late to count
+
+    def panics(engine: Engine, dep: Dependency) -> bool:
+        raise RuntimeError("host secret: password=hunter2")
+
+    env = ActivityEnvironment()
+    for resolver, kind in ((late, "timed out"), (panics, "failed")):
+        acts = IdentityActivities(engine, settings, cfg(), resolver=resolver)
+        try:
+            env.run(acts.probe, _probe_request(DEP.key_hash, ids, 0.5))
+        except ApplicationError as err:
+            assert kind in str(err)
+            assert "hunter2" not in str(err) and "secret" not in str(err)
+            assert err.__cause__ is None  # nothing of the host error travels
+        else:
+            raise AssertionError(f"{resolver.__name__}: probe should have failed")
+    assert states(engine, ids)[ids[0]][0] == "blocked"  # a failed probe changes nothing
+
+
+async def test_lost_wake_is_recovered_by_the_next_probe(skipping_env, settings):
+    """A wake that never arrives after the link committed (the signal failed) loses
+    nothing: the wait's next probe sees the link and wakes the items."""
+    engine = queue_db(settings)
+    client = skipping_env.client
+    queue = settings.identity_task_queue
+    ids = block(engine, 2)
+    switch = Switch("unresolved")
+    config = cfg(probe_interval_seconds=30, max_probe_interval_seconds=60, search_attributes=False)
+    async with wait_worker(client, settings, engine, switch, queue):
+        handle = await begin(client, settings, queue, ids, config)
+        for _ in range(100):
+            if switch.calls >= 1:
+                break
+            await asyncio.sleep(0.05)
+        switch.mode = "converged"  # the link committed; its wake signal was lost
+        await skipping_env.sleep(timedelta(minutes=2))
+        assert await asyncio.wait_for(handle.result(), 30) == 2
+        assert {s for s, _c in states(engine, ids).values()} == {"pending"}
+
+
+async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temporal_env, settings):
+    """A woken flow re-reads the authority: a remote link that names a record that
+    is not there fails the item (``identity-convergence-conflict``), never retried,
+    and writes no lookup to nothing."""
+    from nexuscrm.connectors.flows import FAILURE_CLASS_CONFLICT
+    from nexuscrm.connectors.routes import list_connector_packs
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+    from nexusctl.temporal import start_fleet
+    from nexusctl.worker import build_connector_worker
+    from tests.test_connector_runtime import connector_settings, fast_fleet, install
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    child = workqueue.EnqueueRequest(
+        installed_pack_id=pack.install_id,
+        namespace=pack.namespace,
+        event_kind="salesforce.record.upsert",
+        idempotency_key="Contact:c1",
+        source_object="Contact",
+        source_id="c1",
+        target_object="Contact",
+        target_remote_id="c1",
+        payload={
+            "sobject": "Contact",
+            "remote_id": "c1",
+            "fields": {"LastName": "Orphan", "AccountId": "a1"},
+            "references": {"AccountId": "a1"},
+        },
+    )
+    w = t.connector_work_item
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        workqueue.enqueue(engine, [child])
+        for _ in range(200):
+            with engine.connect() as conn:
+                row = conn.execute(select(w.c.State, w.c.DependencyKeyHash)).one()
+            if row.State == "blocked":
+                break
+            await asyncio.sleep(0.1)
+        assert row.State == "blocked"
+        # The authority now names a record that does not exist (deleted, or restored away).
+        with engine.begin() as conn:
+            conn.execute(
+                t.connector_remote_link.insert().values(
+                    ConnectorOwnerKey=pack.namespace,
+                    Namespace=pack.namespace,
+                    DestinationObject="Account",
+                    RemoteId="a1",
+                    RecordId="ghost00000000000001",
+                    CreatedDate=workqueue.utcnow(),
+                    LastModifiedDate=workqueue.utcnow(),
+                )
+            )
+        woken = await wake_identity_convergence_remote_identity(
+            temporal_env.client, settings, pack.namespace, pack.namespace, "Account", "a1"
+        )
+        assert woken == 1
+        for _ in range(200):
+            with engine.connect() as conn:
+                row = conn.execute(select(w.c.State, w.c.FailureClass)).one()
+            if row.State == "failed":
+                break
+            await asyncio.sleep(0.1)
+        assert (row.State, row.FailureClass) == ("failed", FAILURE_CLASS_CONFLICT)
+        with engine.connect() as conn:
+            contacts = conn.execute(text("SELECT COUNT(*) FROM Contact")).scalar_one()
+        assert contacts == 0
+        await fleet.signal("stop")
+        await fleet.result()

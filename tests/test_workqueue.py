@@ -250,6 +250,36 @@ def test_processing_budget(engine: Engine) -> None:
     assert wq.processing_pressure(engine, PACK, [], later) == (3, 3)
 
 
+def test_budget_counts_stale_rows_but_not_parked_ones(engine: Engine) -> None:
+    """Issue 5 rule 2 (the seed's processing pressure): a processing row whose lease
+    expired still holds budget (only its reclaim may take it), a parked row holds none."""
+    wq.enqueue(engine, [req(f"s{i}") for i in range(5)])
+    now = utcnow()
+    first = claim(engine, now, max_processing_rows=3)
+    assert len(first) == 3
+    later = now + timedelta(seconds=31)  # all three leases expired, none finished
+    assert wq.processing_pressure(engine, PACK, [], later) == (3, 3)
+    again = claim(engine, later, max_processing_rows=3, batch_size=10)
+    # the stale rows are re-leased; the two pending items stay pending
+    assert sorted(i.work_id for i in again) == sorted(i.work_id for i in first)
+    states = {r["WorkId"]: r["State"] for r in items(engine).values()}
+    assert sorted(states.values()) == [
+        "pending",
+        "pending",
+        "processing",
+        "processing",
+        "processing",
+    ]
+    # parking one of them frees exactly one row of budget
+    with engine.begin() as conn:
+        conn.execute(
+            update(W)
+            .where(W.c.WorkId == again[0].work_id)
+            .values(DependencyKind="identity", LeaseOwner=None, LeaseToken=None, LeaseUntil=None)
+        )
+    assert len(claim(engine, later, max_processing_rows=3, batch_size=10)) == 1
+
+
 def test_queue_class_filter_and_preference(engine: Engine) -> None:
     res = wq.enqueue(
         engine,

@@ -18,6 +18,7 @@ columns were lost are terminalized as invalid by the probe activity.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import UTC, datetime, timedelta
 
@@ -124,12 +125,27 @@ class IdentityWaitWorkflow:
         finally:
             self.probes += 1
 
+    async def _probe_unless_woken(self, alive_until: datetime) -> ProbeResult | None:
+        """The probe, abandoned when a wake arrives first.
+
+        Probes are rate-limited per database, so one may sit in the task queue
+        for a while; a wake must not wait for it.
+        """
+        task = asyncio.ensure_future(self._probe(alive_until))
+        await workflow.wait_condition(lambda: self.woken or task.done())
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+
     async def _wake(self) -> int:
         self.state = "waking"
         total = 0
         while True:
             seen = self.registrations
-            res = await workflow.execute_activity_method(
+            res = await workflow.execute_local_activity_method(
                 IdentityActivities.wake,
                 self.inp.key_hash,
                 start_to_close_timeout=timedelta(seconds=60),
@@ -168,11 +184,12 @@ class IdentityWaitWorkflow:
             alive_until = workflow.now() + timedelta(
                 seconds=max_interval + cfg.liveness_grace_seconds
             )
-            res = await self._probe(alive_until)
+            res = await self._probe_unless_woken(alive_until)
             probes_this_run += 1
             if self.woken or (res is not None and res.converged):
                 break
-            sleep = interval
+            # Jitter spreads the probes of waits that blocked together.
+            sleep = interval * workflow.random().uniform(0.8, 1.2)
             if res is not None:
                 self.items = {i.work_id for i in res.items} | (
                     self.items if self.registrations != seen else set()
@@ -187,7 +204,7 @@ class IdentityWaitWorkflow:
                         <= now
                     ]
                     if due:
-                        await workflow.execute_activity_method(
+                        await workflow.execute_local_activity_method(
                             IdentityActivities.expire,
                             ExpireRequest(inp.key_hash, due, _iso(now)),
                             start_to_close_timeout=timedelta(seconds=60),

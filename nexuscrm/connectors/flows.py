@@ -64,6 +64,56 @@ class DependencyUnresolved(FlowError):
         self.parent = parent
 
 
+FAILURE_CLASS_CONFLICT = "identity-convergence-conflict"
+
+
+class IdentityConflict(FlowError):
+    """The authority disagrees with itself: a remote link names a record that is
+    not there (deleted or restored away). The event fails closed, never retried:
+    writing the lookup would point it at nothing, and a fresh record would fork
+    the identity."""
+
+    def __init__(self, parent: RemoteIdentity, record_id: str) -> None:
+        super().__init__(
+            FAILURE_CLASS_CONFLICT,
+            f"remote link {parent.namespace}/{parent.destination_object}/{parent.remote_id} "
+            f"names {parent.destination_object} record {record_id}, which does not exist",
+            retriable=False,
+        )
+        self.parent = parent
+
+
+def missing_linked_records(
+    conn: Connection, catalog: Catalog, linked: dict[RemoteIdentity, str]
+) -> set[RemoteIdentity]:
+    """The identities in ``linked`` (identity -> record id) whose record is absent.
+
+    One ``SELECT Id ... IN`` per destination object. An identity whose object is
+    not installed is left to the flow's own mapping error.
+    """
+    by_obj: dict[str, dict[str, list[RemoteIdentity]]] = {}
+    for ident, record_id in linked.items():
+        by_obj.setdefault(ident.destination_object, {}).setdefault(record_id, []).append(ident)
+    missing: set[RemoteIdentity] = set()
+    for obj_name, by_record in by_obj.items():
+        obj = catalog.get(obj_name)
+        if obj is None or not obj.has_table:
+            continue
+        table = record_table(conn, obj.table_name, catalog.version)
+        ordered = sorted(by_record)
+        found: set[str] = set()
+        for start in range(0, len(ordered), _IN_CHUNK):
+            found.update(
+                conn.execute(
+                    select(table.c.Id).where(table.c.Id.in_(ordered[start : start + _IN_CHUNK]))
+                ).scalars()
+            )
+        for record_id, idents in by_record.items():
+            if record_id not in found:
+                missing.update(idents)
+    return missing
+
+
 def find_link(conn: Connection, ident: RemoteIdentity) -> str | None:
     """Record id linked to ``ident``, or ``None``."""
     rl = t.connector_remote_link
@@ -302,8 +352,9 @@ def upsert_record(
     matched case-insensitively against the destination's columns (after
     ``field_map``); ``Name`` falls back to FirstName + LastName, then the
     remote id. Raises ``FlowError``: ``mapping`` (unknown object, field or
-    bad value; not retriable) or ``DependencyUnresolved`` (a lookup's parent
-    has no remote link yet; retriable). A newly finalized remote link is
+    bad value; not retriable), ``DependencyUnresolved`` (a lookup's parent
+    has no remote link yet; retriable) or ``IdentityConflict`` (its link names
+    a record that is gone; not retriable). A newly finalized remote link is
     appended to ``created`` (the caller wakes its waiters after commit).
     :func:`upsert_records` is the same for many events at once.
     """
@@ -315,7 +366,14 @@ def upsert_record(
         destination_object=destination_object,
         field_map=field_map,
     )
-    values = _resolve(prepared, lambda parent: find_link(conn, parent))
+
+    def lookup(parent: RemoteIdentity) -> str | None:
+        record = find_link(conn, parent)
+        if record is not None and missing_linked_records(conn, catalog, {parent: record}):
+            raise IdentityConflict(parent, record)
+        return record
+
+    values = _resolve(prepared, lookup)
     ident = prepared.ident
     table = record_table(conn, prepared.obj.table_name, catalog.version)
     now = utcnow()
@@ -402,6 +460,14 @@ def upsert_records(
         wanted.add(p.ident)
         wanted.update(parent for _c, parent, _m in p.refs if parent is not None)
     links = find_links(conn, wanted) if wanted else {}
+    parents = {
+        parent
+        for p in prepared
+        if not isinstance(p, FlowError)
+        for _c, parent, _m in p.refs
+        if parent is not None and parent in links
+    }
+    dangling = missing_linked_records(conn, catalog, {i: links[i] for i in parents})
     now = utcnow()
     tables: dict[str, Table] = {}
     inserts: dict[str, tuple[str, dict[str, Any]]] = {}  # record id -> (table, row)
@@ -413,8 +479,14 @@ def upsert_records(
             out.append(entry)
             continue
         p = entry
+
+        def lookup(parent: RemoteIdentity) -> str | None:
+            if parent in dangling:
+                raise IdentityConflict(parent, links[parent])
+            return links.get(parent)
+
         try:
-            values = _resolve(p, links.get)
+            values = _resolve(p, lookup)
         except FlowError as exc:
             out.append(exc)
             continue

@@ -23,8 +23,9 @@ Ordering rules enforced by :func:`claim`:
   at a time, in enqueue order;
 * **target mutation lanes** (``TargetMutationLaneKey``, default: the source
   lane): at most one item per key holds a live lease at a time;
-* **processing budget**: live leased rows of a pack never exceed
-  ``max_processing_rows``.
+* **processing budget**: a pack's processing rows (leased, live or stale;
+  parked rows excluded) never exceed ``max_processing_rows`` through new
+  claims; reclaiming a stale row re-leases a row already counted.
 
 Ordinals and ids. One sequence, allocated under the enqueue lock (below),
 numbers every enqueued event and every work item: an event gets
@@ -759,8 +760,10 @@ def claim(
     lane holds a live lease; ``queue_classes`` filters (empty = every class);
     ``preferred_queue_classes`` are taken first, then stale reclaims, then
     enqueue order (``WorkId`` order; due retries by ``RunAfter``); at most
-    ``max_processing_rows - live`` items where ``live`` counts the pack's
-    processing rows with ``LeaseUntil >= now`` (all classes).
+    ``max_processing_rows - held`` new items where ``held`` counts the pack's
+    processing rows, stale ones included and parked ones (dependency set, no
+    lease) excluded, all classes (the seed's processing pressure); stale
+    reclaims are not limited by it (their rows are already counted).
 
     Each item gets ``State='processing'``, a new uuid4 ``LeaseToken``,
     ``LeaseUntil = now + lease_seconds`` (whole seconds) and ``Attempt + 1``
@@ -848,10 +851,28 @@ def _claim(
             .scalars()
             .all()
         )
-        budget = min(batch_size, max_processing_rows - len(live_targets))
-        if budget <= 0:
-            return []
-        picked = _pick(conn, installed_pack_id, classes, preferred, when, budget, set(live_targets))
+        # The seed's pressure: every processing row that is not parked counts,
+        # stale ones too; re-leasing a stale row adds nothing, so only new
+        # items are held to the room left.
+        held = conn.execute(
+            select(func.count()).where(
+                _w.c.InstalledPackId == installed_pack_id,
+                _w.c.State == STATE_PROCESSING,
+                _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
+                ~_parked(_w),
+            )
+        ).scalar_one()
+        room = max_processing_rows - int(held)
+        picked = _pick(
+            conn,
+            installed_pack_id,
+            classes,
+            preferred,
+            when,
+            batch_size,
+            set(live_targets),
+            new_budget=max(0, room),
+        )
         if not picked:
             return []
         if _skip_locked(conn):
@@ -968,8 +989,11 @@ def _pick(
     now: datetime,
     budget: int,
     live_targets: set[str | None],
+    *,
+    new_budget: int,
 ) -> list[_Candidate]:
-    """Choose up to ``budget`` candidates (lane heads, target-exclusive, in claim order).
+    """Choose up to ``budget`` candidates (lane heads, target-exclusive, in claim order),
+    of which at most ``new_budget`` are not stale reclaims (the processing budget's room).
 
     The scan is a UNION ALL of index-ordered slices with LIMIT — per queue
     class: never-retried pending items (``RunAfter IS NULL``, enqueue order)
@@ -988,6 +1012,8 @@ def _pick(
             ).scalars()
         )
     members = [_Member("stale", None)]
+    if new_budget <= 0:
+        scan_classes = []  # only stale reclaims fit: they are already counted
     for qc in scan_classes:
         members += [_Member("new", qc), _Member("due", qc)]
     rank = {qc: i for i, qc in enumerate(preferred)}
@@ -1028,6 +1054,10 @@ def _pick(
             key = cand.target_lane
             if key is not None and (key in live_targets or key in taken_targets):
                 continue
+            if cand.tag != "stale":
+                if new_budget <= 0:
+                    continue
+                new_budget -= 1
             picked.append(cand)
             seen.add(cand.work_id)
             if key is not None:
