@@ -280,6 +280,20 @@ def test_budget_counts_stale_rows_but_not_parked_ones(engine: Engine) -> None:
     assert len(claim(engine, later, max_processing_rows=3, batch_size=10)) == 1
 
 
+def test_budget_is_per_pack_and_shared_by_its_workers(engine: Engine) -> None:
+    """Issue 5 rule 12: an explicit (or derived) budget bounds all workers of one
+    pack together, and is not global across packs."""
+    wq.enqueue(
+        engine, [req(f"a{i}") for i in range(6)] + [req(f"b{i}", pack="pack-2") for i in range(6)]
+    )
+    now = utcnow()
+    first = claim(engine, now, max_processing_rows=4, batch_size=3, lease_owner="worker-0")
+    second = claim(engine, now, max_processing_rows=4, batch_size=3, lease_owner="worker-1")
+    assert (len(first), len(second)) == (3, 1)  # one budget of 4 for the pack's workers
+    other = claim(engine, now, installed_pack_id="pack-2", max_processing_rows=4, batch_size=10)
+    assert len(other) == 4  # another pack has a budget of its own
+
+
 def test_queue_class_filter_and_preference(engine: Engine) -> None:
     res = wq.enqueue(
         engine,
