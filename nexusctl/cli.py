@@ -1006,8 +1006,8 @@ def _print_status(settings: Settings) -> None:
                 pack_errors.add_row(f"{row['Name']} error", _error_cell(row["LastError"]))
     console.print(
         f"database {settings.database_id}: control-plane workflow id "
-        f"{settings.controlplane_workflow_id}, task queues {settings.controlplane_task_queue} "
-        f"and {settings.connector_task_queue}"
+        f"{settings.controlplane_workflow_id}, task queues {settings.controlplane_task_queue}, "
+        f"{settings.connector_task_queue} and {settings.identity_task_queue}"
     )
     console.print(f"[bold]markers[/bold] ({settings.database_id})")
     console.print(marks)

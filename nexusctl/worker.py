@@ -129,6 +129,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         namespace=settings.temporal_namespace,
         task_queue=settings.controlplane_task_queue,
         connector_task_queue=settings.connector_task_queue,
+        identity_task_queue=settings.identity_task_queue,
         database=redacted(settings.database_url),
         database_id=settings.database_id,
     )
