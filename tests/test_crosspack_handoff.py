@@ -460,7 +460,7 @@ def block_waitless(engine: Engine) -> Dependency:
 
 
 @pytest.mark.parametrize("role", ["local", "handoff"])
-async def test_handoff_role_fleet_does_no_identity_recovery(
+async def test_handoff_role_fleet_hands_off_and_does_no_identity_recovery(
     temporal_env, settings, engine, tmp_path, role
 ):
     settings = settings.model_copy(
@@ -473,6 +473,7 @@ async def test_handoff_role_fleet_does_no_identity_recovery(
         }
     )
     dep = block_waitless(engine)
+    (handed,) = workqueue.enqueue(engine, [event(engine, "gizmo.handoff", "G2")]).work_ids
     inp = fleet_input(settings)
     inp.reconcile_interval_seconds = 0.3
     inp.idle_seconds = 0.5
@@ -497,6 +498,10 @@ async def test_handoff_role_fleet_does_no_identity_recovery(
                     started = True
                     break
             assert [p["namespace"] for p in await fleet.query("status")] == [NS]
+            for _ in range(60):  # the pool's workers run the handoff item meanwhile
+                if item_state(engine, handed)[0] in ("succeeded", "failed"):
+                    break
+                await asyncio.sleep(0.3)
         finally:
             await fleet.signal("stop")
             await fleet.result()
@@ -505,3 +510,10 @@ async def test_handoff_role_fleet_does_no_identity_recovery(
     assert inp.identity_recovery is (role == "local")
     # The local role recovers the overdue wait; the handoff role leaves it to the runtime.
     assert started is (role == "local")
+    # Through the real worker: the handoff role hands the item off, the local role refuses it.
+    if role == "handoff":
+        assert item_state(engine, handed) == ("succeeded", None)
+        assert [c.WorkId for c in commands(engine)] == [handed]
+    else:
+        assert item_state(engine, handed) == ("failed", "runtime-handoff-unavailable")
+        assert commands(engine) == []
