@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from temporalio import activity
 
 from activities.controlplane import fatal_is_final
-from nexuscrm.connectors import knobs, serving, workqueue
+from nexuscrm.connectors import handoff, knobs, serving, workqueue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.log import log
@@ -59,10 +59,15 @@ class ConnectorActivities:
         self.engine = engine
         self.settings = settings
         self.knobs = config
-        self.processor = Processor(engine, flow_deadline=config.flow_deadline)
         # Frozen before the process starts, as the seed's SetRuntimeServingSelection.
         self.selection = (
             serving.load(settings.serving_selection) if settings.serving_selection else None
+        )
+        # The handoff role refuses to start without a selection (fail closed).
+        handoff.require_serving_selection(settings.connector_role, self.selection)
+        self.modes = handoff.supported_modes(settings.connector_role)
+        self.processor = Processor(
+            engine, flow_deadline=config.flow_deadline, role=settings.connector_role
         )
 
     @activity.defn(name="connectors.list_desired")
@@ -71,7 +76,7 @@ class ConnectorActivities:
         """Active and draining connector packs, each with its pool fingerprint."""
         k = self.knobs
         out = []
-        desired = desired_packs(self.engine, self.selection)
+        desired = desired_packs(self.engine, self.selection, supported_modes=self.modes)
         for key, reason in desired.blocked.items():
             log.error("connector pack not served", pack=key, reason=reason)
         for row in desired.packs:

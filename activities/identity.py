@@ -331,6 +331,11 @@ class IdentityActivities:
         Converts the seed's parked-processing rows to ``blocked`` and
         terminalizes invalid blocked rows first. Pages of 1000, at most 100.
         """
+        if self.settings.connector_role == "handoff":
+            # The Runtime owns the dependencies of handed-off work (issue 5 rule 9),
+            # whatever the starter of the fleet asked for.
+            log.info("identity recovery skipped: connector role is handoff")
+            return 0
         client = activity.client()
         queue = self.settings.identity_task_queue
         await asyncio.to_thread(workqueue.convert_parked, self.engine)

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
         wakes are signals and never wait on it.
       env [NEXUS_ENV]: ``production``/``prod``/``staging`` skip the DevSample pack.
       serving_selection [NEXUS_SERVING_SELECTION]: path of a frozen serving selection.
+      connector_role [NEXUS_CONNECTOR_ROLE]: ``local`` (run flows here, default) or
+        ``handoff`` (write Runtime command rows for a separate runtime service;
+        needs NEXUS_SERVING_SELECTION, see ``nexuscrm.connectors.handoff``).
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
     """
 
@@ -84,6 +87,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
     serving_selection: str | None = None
+    connector_role: str = "local"
 
     @field_validator("database_url")
     @classmethod
@@ -112,6 +116,17 @@ class Settings(BaseSettings):
         if v.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"NEXUS_LOG_LEVEL {v!r} must be DEBUG, INFO, WARNING or ERROR")
         return v.upper()
+
+    @field_validator("connector_role")
+    @classmethod
+    def _connector_role(cls, v: str) -> str:
+        role = v.strip().lower()
+        if role not in {"local", "handoff"}:
+            raise ValueError(
+                f"NEXUS_CONNECTOR_ROLE {v!r} must be local (run connector flows in this "
+                "process) or handoff (write Runtime command rows for the runtime service)"
+            )
+        return role
 
     @field_validator("env")
     @classmethod

@@ -128,13 +128,21 @@ def fleet_workflow_id(database_id: str) -> str:
     return f"connector-fleet/{database_id}"
 
 
+def fleet_input(settings: Settings) -> FleetInput:
+    """Default fleet input for ``settings``: no identity recovery in the handoff role."""
+    return FleetInput(
+        database_id=settings.database_id,
+        identity_recovery=settings.connector_role != "handoff",
+    )
+
+
 async def start_fleet(
     client: Client, settings: Settings, inp: FleetInput | None = None
 ) -> WorkflowHandle[Any, Any]:
     """Start the database's ConnectorFleet, or attach to the one already running."""
     return await client.start_workflow(
         "ConnectorFleet",
-        inp or FleetInput(database_id=settings.database_id),
+        inp or fleet_input(settings),
         id=fleet_workflow_id(settings.database_id),
         task_queue=settings.connector_task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

@@ -130,6 +130,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         task_queue=settings.controlplane_task_queue,
         connector_task_queue=settings.connector_task_queue,
         identity_task_queue=settings.identity_task_queue,
+        connector_role=settings.connector_role,
         database=redacted(settings.database_url),
         database_id=settings.database_id,
     )

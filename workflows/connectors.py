@@ -448,7 +448,8 @@ class ConnectorFleetWorkflow:
         for key, pack in wanted.items():
             if key not in self.running:
                 await self._start(pack)
-        await self._recover_waits()
+        if self.inp.identity_recovery:
+            await self._recover_waits()
 
     async def _recover_waits(self) -> None:
         """Blocked rows without a live identity wait get one (paged, bounded; idempotent)."""

@@ -401,3 +401,6 @@ class FleetInput:
     reconciles_before_continue_as_new: int = 500
     running: list[DesiredPack] = field(default_factory=list)
     pools_started: int = 0
+    # False for the Runtime handoff role: the runtime owns command dependencies,
+    # so the fleet starts no identity-wait recovery (seed disableIdentityRecovery).
+    identity_recovery: bool = True

@@ -29,8 +29,16 @@ class DesiredSet:
     blocked: dict[str, str] = field(default_factory=dict)
 
 
-def desired_packs(engine: Engine, selection: RuntimeServingSelection | None) -> DesiredSet:
+def desired_packs(
+    engine: Engine,
+    selection: RuntimeServingSelection | None,
+    *,
+    supported_modes: frozenset[str] = LOCAL_FLOW_MODES,
+) -> DesiredSet:
     """The packs to serve now; see the module docstring for the selection rules.
+
+    ``supported_modes``: invocation modes the supervisor's role runs (the
+    handoff role passes ``handoff.HANDOFF_MODES``).
 
     Port of ``runtimeServingPackLister`` and ``verifyRuntimeServingRoutes``.
     Database errors propagate (the fleet keeps running pools on read errors).
@@ -60,7 +68,7 @@ def desired_packs(engine: Engine, selection: RuntimeServingSelection | None) -> 
                         f"{selected.namespace}/{coord.event_kind} ({selected.installed_pack_id}) "
                         f"version {coord.route_version}: route not found in the installed payload"
                     )
-                if route.invocation_mode not in LOCAL_FLOW_MODES:
+                if route.invocation_mode not in supported_modes:
                     raise ServingSelectionError(
                         f"connector inbound supervisor: Runtime serving route "
                         f"{selected.namespace}/{coord.event_kind} ({selected.installed_pack_id}) "

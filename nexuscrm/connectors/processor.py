@@ -17,6 +17,24 @@ that ends its attempt): the outcome lists the blocked items, for the caller to
 register their identity waits after commit. The remote links a batch creates
 are collected too; after commit, the key hashes among them that have blocked
 items are the outcome's ``wake_keys`` (the caller signals those waits).
+
+Before any of that, in both roles (seed: ``SetOutboundEchoProbe`` and
+``SetCompanionInstalledChecker`` on every worker):
+
+* the outbound echo probe (``echo.SQLOutboundEchoProbe``) finds the items that
+  echo the system's own outbound write; they are finished succeeded (attempt
+  ``CauseCode='outbound-echo'``) without enrichment or flow;
+* a cross-pack item (its route names a ``companion_pack``, or its event has a
+  frozen companion) runs only while its frozen companion AppPack incarnation
+  is installed and active: otherwise it fails ``companion-pack-inactive``
+  (terminal; retried as ``companion-pack-installing`` while that incarnation
+  is being re-applied).
+
+Role (``handoff`` module): ``local`` runs ``flow`` routes; ``handoff`` writes
+each item's business operation as a ``_System_RuntimeCommand`` row in the
+transaction that finishes it (attempt ``CauseCode='runtime-command-handoff'``,
+``FlowExecutionId`` = the command id), fails routes of any other invocation
+mode with ``invocation-mode-unsupported`` and never runs a local flow.
 """
 
 from __future__ import annotations
@@ -28,10 +46,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, select
 
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
 from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
 from nexuscrm.connectors.flows import (
     DependencyUnresolved,
@@ -42,12 +61,19 @@ from nexuscrm.connectors.flows import (
     upsert_record,
     upsert_records,
 )
+from nexuscrm.connectors.handoff import (
+    ROLE_HANDOFF,
+    RuntimeCommand,
+    supported_modes,
+    write_commands,
+)
 from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
 from nexuscrm.controlplane import catalog
+from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
-from nexuscrm.packs.model import InboundRoute
+from nexuscrm.packs.model import Category, InboundRoute
 
 # A blocked item whose identity wait has not marked it within this grace is
 # treated as wait-less by recovery (which starts the wait).
@@ -59,11 +85,13 @@ CHUNK = 100
 
 @dataclass
 class _Plan:
-    """What one claimed item runs: a batched flow request, a webhook, or an error."""
+    """What one claimed item runs: a batched flow request, a webhook, a runtime
+    command (handoff role), or an error."""
 
     request: UpsertRequest | None = None
     webhook: bool = False
     error: Exception | None = None
+    command: RuntimeCommand | None = None
 
 
 def _count(outcome: BatchOutcome, kind: str, failure_class: str) -> None:
@@ -88,7 +116,11 @@ class Processor:
     """Runs claimed items for one database.
 
     ``http`` is the client for webhook flows (one per process);
-    ``flow_deadline`` bounds each external call (``None`` disables it).
+    ``flow_deadline`` bounds each external call (``None`` disables it);
+    ``role`` is ``local`` or ``handoff`` (see the module docstring; the
+    handoff role's serving-selection requirement is checked where the
+    selection is loaded, ``handoff.require_serving_selection``). Raises
+    ``ValueError`` for an unknown role.
     """
 
     def __init__(
@@ -98,7 +130,13 @@ class Processor:
         http: httpx.Client | None = None,
         flow_deadline: dt.timedelta | None = dt.timedelta(minutes=10),
         max_attempts: int = MAX_ATTEMPTS,
+        role: str = "local",
     ) -> None:
+        self.modes = supported_modes(role)
+        self.role = role
+        self.echo = SQLOutboundEchoProbe(engine)
+        # Status of each frozen companion incarnation, read once per batch.
+        self._companions: dict[str, str] = {}
         self.engine = engine
         self.routes = RouteResolver(engine)
         self.http = http or httpx.Client()
@@ -124,6 +162,8 @@ class Processor:
         """
         outcome = BatchOutcome()
         self._created = []
+        items = self._finish_echoes(items, outcome)
+        self._companions = self._companion_states(items)
         cat = catalog.CACHE.get(self.engine)
         items, enrich_errors = self._enrich(items)
         batched: list[tuple[workqueue.ClaimedItem, _Plan]] = []
@@ -164,6 +204,120 @@ class Processor:
             self._created = []
             outcome.wake_keys |= workqueue.blocked_keys(self.engine, sorted(hashes))
         return outcome
+
+    def _finish_echoes(
+        self, items: Sequence[workqueue.ClaimedItem], outcome: BatchOutcome
+    ) -> list[workqueue.ClaimedItem]:
+        """Finish the items that echo an outbound write; return the others.
+
+        One probe read per batch; only when something matches, one write
+        transaction holds those leases, consumes their writes (compare-and-set)
+        and finishes them succeeded. An item whose lease is lost is counted
+        and dropped; one whose write was consumed meanwhile runs normally.
+        """
+        candidates = []
+        for item in items:
+            fields = item.payload.get("fields")
+            if not isinstance(fields, dict) or not fields or not item.source_id:
+                continue
+            try:
+                owner = self.routes.pack(item.installed_pack_id).namespace
+            except RouteNotFoundError:
+                continue  # fails route-not-found later
+            candidates.append(
+                EchoCandidate(
+                    item.work_id, owner, item.namespace, item.source_object, item.source_id, fields
+                )
+            )
+        matches = self.echo.probe(candidates)
+        if not matches:
+            return list(items)
+        echoed: list[workqueue.ClaimedItem] = []
+        with workqueue.write_transaction(self.engine) as conn:
+            held = workqueue.hold_leases(conn, [i for i in items if i.work_id in matches])
+            for item in held:
+                if self.echo.consume(conn, item.work_id, matches[item.work_id]):
+                    echoed.append(item)
+            workqueue.finish_succeeded_many(
+                conn,
+                echoed,
+                flow_execution_ids={i.work_id: f"echo:{matches[i.work_id]}" for i in echoed},
+                cause_code="outbound-echo",
+            )
+        held_ids = {i.work_id for i in held}
+        done = {i.work_id for i in echoed}
+        outcome.lost += len(matches) - len(held_ids)
+        outcome.succeeded += len(echoed)
+        if echoed:
+            log.info("outbound echoes finished without their flow", items=len(echoed))
+        return [
+            i
+            for i in items
+            if i.work_id not in done and (i.work_id not in matches or i.work_id in held_ids)
+        ]
+
+    def _companion_states(self, items: Sequence[workqueue.ClaimedItem]) -> dict[str, str]:
+        """``{companion install id: Status}`` of the AppPack incarnations the items froze.
+
+        ``''`` for an id with no AppPack row (removed from the table or never
+        active). One read per batch that has cross-pack items.
+        """
+        ids = sorted({i.companion_pack_install_id for i in items if i.companion_pack_install_id})
+        if not ids:
+            return {}
+        ip = t.installed_pack
+        with self.engine.connect() as conn:
+            found = {
+                r.PackInstallId: r.Status
+                for r in conn.execute(
+                    select(ip.c.PackInstallId, ip.c.Status).where(
+                        ip.c.PackInstallId.in_(ids), ip.c.Category == Category.AppPack.value
+                    )
+                )
+            }
+        return {i: found.get(i, "") for i in ids}
+
+    def _check_companion(
+        self, item: workqueue.ClaimedItem, route: InboundRoute, pack: ConnectorPackRow
+    ) -> None:
+        """Port of ``companionInstallStillInstalledChecker``: the frozen companion must be active.
+
+        Raises ``FlowError`` ``companion-pack-inactive`` (terminal) when the
+        event is cross-pack and its frozen AppPack incarnation is not
+        installed and active (or none was frozen), ``companion-pack-installing``
+        (retried) while that incarnation is being re-applied.
+        """
+        frozen = item.companion_pack_install_id
+        if frozen is None and route.companion_pack is None:
+            return  # not a cross-pack event
+        if frozen and frozen not in self._companions:
+            self._companions.update(self._companion_states([item]))
+        status = self._companions.get(frozen, "") if frozen else ""
+        if status == "active":
+            return
+        where = (
+            f"cross-pack event {item.event_id} (route {route.event_kind} v{route.route_version} "
+            f"of pack {pack.namespace})"
+        )
+        companion = route.companion_pack or "companion"
+        if not frozen:
+            raise FlowError(
+                "companion-pack-inactive",
+                f"{where}: no {companion} AppPack incarnation was active when it was enqueued",
+                retriable=False,
+            )
+        if status == "installing":
+            raise FlowError(
+                "companion-pack-installing",
+                f"{where}: companion AppPack {companion} incarnation {frozen} is being applied",
+                retriable=True,
+            )
+        raise FlowError(
+            "companion-pack-inactive",
+            f"{where}: companion AppPack {companion} incarnation {frozen} is no longer installed "
+            f"and active (status {status or 'absent'!s})",
+            retriable=False,
+        )
 
     def forget(self) -> None:
         """Drop cached routes and batch clients (after packs changed)."""
@@ -217,17 +371,33 @@ class Processor:
         return [enriched.get(i.work_id, i) for i in items], errors
 
     def _route(self, item: workqueue.ClaimedItem) -> tuple[InboundRoute, ConnectorPackRow]:
-        """The item's route and pack; raises ``RouteNotFoundError``, or ``FlowError``
-        for a route this supervisor cannot run (a runtime handoff)."""
+        """The item's route and pack, checked for this role and its companion.
+
+        Raises ``RouteNotFoundError``, or ``FlowError`` for a route this
+        supervisor cannot run (``runtime-handoff-unavailable`` in the local
+        role, ``invocation-mode-unsupported`` in the handoff role) or a failed
+        companion check (:meth:`_check_companion`).
+        """
         route = self.routes.resolve(item.installed_pack_id, item.event_kind, item.route_version)
         pack = self.routes.pack(item.installed_pack_id)
-        if route.invocation_mode != "flow":
+        if route.invocation_mode not in self.modes:
+            if self.role == ROLE_HANDOFF:
+                # Port of RuntimeCommandHandoffSupportsInvocationMode: no local fallback.
+                raise FlowError(
+                    "invocation-mode-unsupported",
+                    f"route {route.event_kind} v{route.route_version} of pack {pack.namespace} "
+                    f"({pack.install_id}) selects invocation mode {route.invocation_mode!r}, "
+                    "which Runtime command handoff does not support; the handoff role runs "
+                    "no local flow",
+                    retriable=False,
+                )
             raise FlowError(
                 "runtime-handoff-unavailable",
                 f"route {route.event_kind} v{route.route_version} hands off to a runtime "
                 "service; this supervisor runs local flows only",
                 retriable=False,
             )
+        self._check_companion(item, route, pack)
         return route, pack
 
     def _plan(self, item: workqueue.ClaimedItem) -> _Plan:
@@ -238,6 +408,8 @@ class Processor:
             return _Plan(error=exc)
         except Exception:  # classified by the one-by-one path
             return _Plan(webhook=True)
+        if self.role == ROLE_HANDOFF:
+            return _Plan(command=RuntimeCommand(item, route, pack.namespace))
         if route.flow == "webhook":
             return _Plan(webhook=True)
         return _Plan(
@@ -284,14 +456,24 @@ class Processor:
                     late = FlowError("flow-deadline", "flow exceeded its deadline", retriable=True)
                     by_work = {w: late for w, res in by_work.items()}
                 succeeded: list[workqueue.ClaimedItem] = []
+                commands = [p.command for _i, p in live if p.command and p.error is None]
+                handed = write_commands(conn, commands)
                 for item, plan in live:
+                    if item.work_id in handed:
+                        continue
                     res = plan.error if plan.error is not None else by_work[item.work_id]
                     if not isinstance(res, Exception):
                         succeeded.append(item)
                         continue
                     self._finish_error(conn, item, res, counts)
                 workqueue.finish_succeeded_many(conn, succeeded)
-                counts.succeeded = len(succeeded)
+                workqueue.finish_succeeded_many(
+                    conn,
+                    [c.item for c in commands],
+                    flow_execution_ids=handed,
+                    cause_code="runtime-command-handoff",
+                )
+                counts.succeeded = len(succeeded) + len(commands)
         except Exception as exc:  # the one-by-one redo classifies it
             log.warning(
                 "connector batch rolled back; redoing it item by item",
@@ -366,7 +548,16 @@ class Processor:
     ) -> None:
         try:
             route, pack = self._route(item)
-            if route.flow == "webhook":
+            if self.role == ROLE_HANDOFF:
+                with self.engine.begin() as conn:
+                    handed = write_commands(conn, [RuntimeCommand(item, route, pack.namespace)])
+                    workqueue.finish_succeeded(
+                        conn,
+                        item,
+                        flow_execution_id=handed[item.work_id],
+                        cause_code="runtime-command-handoff",
+                    )
+            elif route.flow == "webhook":
                 timeout = self.flow_deadline.total_seconds() if self.flow_deadline else None
                 post_webhook(
                     self.http,

@@ -68,7 +68,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -201,6 +201,11 @@ class EnqueueRequest:
     queue_class: str = "default"
     target_object: str | None = None
     target_remote_id: str | None = None
+    companion_pack_install_id: str | None = None
+    """Frozen companion AppPack incarnation of a cross-pack event. ``None``:
+    frozen by :func:`enqueue` from the route's ``companion_pack`` (the active
+    AppPack of that name now, ``''`` when none is active: the event then
+    fails its companion check); a string: recorded as given."""
 
 
 @dataclass
@@ -243,6 +248,9 @@ class ClaimedItem:
     source_lane_key: str
     target_mutation_lane_key: str
     replay_of_work_id: str | None
+    companion_pack_install_id: str | None = None
+    """The event's frozen companion AppPack incarnation (``None``: not cross-pack
+    at enqueue; ``''``: cross-pack, but no companion was active then)."""
 
 
 @dataclass
@@ -604,6 +612,7 @@ def _enqueue_batch(
         ).all():
             existing[(pack, key)] = event_id
     existing_work = _current_work_ids(conn, list(existing.values())) if existing else {}
+    companions = _freeze_companions(conn, [req for req, _p, _q in batch])
 
     seq = _next_seq(conn)
     events: list[dict[str, Any]] = []
@@ -639,6 +648,11 @@ def _enqueue_batch(
                 "Payload": payload,
                 "ExecutionOwner": EXECUTION_OWNER_WORK_ITEM,
                 "EnqueueOrdinal": seq,
+                "CompanionPackInstallId": (
+                    req.companion_pack_install_id
+                    if req.companion_pack_install_id is not None
+                    else companions.get(_route_key(req))
+                ),
                 "CreatedDate": now,
                 "LastModifiedDate": now,
             }
@@ -662,6 +676,51 @@ def _enqueue_batch(
         conn.execute(_e.insert(), events)
         conn.execute(_w.insert(), items)
         result.inserted += len(events)
+
+
+def _route_key(req: EnqueueRequest) -> tuple[str, str, int]:
+    return (req.installed_pack_id, req.event_kind.strip().lower(), req.route_version)
+
+
+def _freeze_companions(
+    conn: Connection, requests: Sequence[EnqueueRequest]
+) -> dict[tuple[str, str, int], str]:
+    """Companion incarnation of each cross-pack route among ``requests``, frozen now.
+
+    Maps ``(installed pack id, event kind, route version)`` of every route
+    that names a ``companion_pack`` to the ``PackInstallId`` of the active
+    AppPack of that name, or ``''`` when none is active (fail closed: the
+    event's companion check fails). Routes are read from the connector
+    packs' installed payloads (plain JSON, no model parse: this runs under
+    the enqueue lock). Requests with an explicit companion are skipped.
+    """
+    packs = sorted({r.installed_pack_id for r in requests if r.companion_pack_install_id is None})
+    if not packs:
+        return {}
+    ip = t.installed_pack
+    wanted: dict[tuple[str, str, int], str] = {}
+    for install_id, payload in conn.execute(
+        select(ip.c.PackInstallId, ip.c.Payload).where(
+            ip.c.PackInstallId.in_(packs), ip.c.Category == "ConnectorPack"
+        )
+    ).all():
+        for route in json.loads(payload or "{}").get("inbound_routes") or ():
+            if route.get("companion_pack"):
+                key = (install_id, route["event_kind"], int(route.get("route_version", 1)))
+                wanted[key] = route["companion_pack"]
+    if not wanted:
+        return {}
+    active = {
+        name: install_id
+        for name, install_id in conn.execute(
+            select(ip.c.Name, ip.c.PackInstallId).where(
+                ip.c.Name.in_(sorted(set(wanted.values()))),
+                ip.c.Category == "AppPack",
+                ip.c.Status == "active",
+            )
+        ).all()
+    }
+    return {key: active.get(name, "") for key, name in wanted.items()}
 
 
 def _new_item_row(
@@ -1235,6 +1294,7 @@ def _leased_rows(conn: Connection, tokens: dict[str, str]) -> dict[str, Any]:
             _e.c.SourceObject,
             _e.c.SourceId,
             _e.c.Payload,
+            _e.c.CompanionPackInstallId,
         )
         .select_from(_w.outerjoin(_e, _e.c.EventId == _w.c.EventId))
         .where(_w.c.WorkId.in_(list(tokens)))
@@ -1265,6 +1325,7 @@ def _item(r: Any) -> ClaimedItem:
         source_lane_key=r.SourceLaneKey or "",
         target_mutation_lane_key=r.TargetMutationLaneKey or "",
         replay_of_work_id=r.ReplayOfWorkId,
+        companion_pack_install_id=r.CompanionPackInstallId,
     )
 
 
@@ -1367,9 +1428,17 @@ def hold_leases(conn: Connection, items: Sequence[ClaimedItem]) -> list[ClaimedI
 
 
 def finish_succeeded_many(
-    conn: Connection, items: Sequence[ClaimedItem], *, now: datetime | None = None
+    conn: Connection,
+    items: Sequence[ClaimedItem],
+    *,
+    now: datetime | None = None,
+    flow_execution_ids: Mapping[str, str] | None = None,
+    cause_code: str | None = None,
 ) -> None:
     """:func:`finish_succeeded` for many items in the caller's transaction, batched.
+
+    ``flow_execution_ids`` (by work id) and ``cause_code`` go to the attempt
+    rows: an echo or a runtime handoff records why no flow ran.
 
     One compare-and-set UPDATE over all items (each row must still be
     ``processing`` with its item's token: lease tokens are fresh uuids, so
@@ -1413,7 +1482,18 @@ def finish_succeeded_many(
         raise LeaseLost(missing)
     _insert_attempts(
         conn,
-        [_attempt_row(i.work_id, i.attempt, i.event_id, OUTCOME_SUCCEEDED, when) for i in items],
+        [
+            _attempt_row(
+                i.work_id,
+                i.attempt,
+                i.event_id,
+                OUTCOME_SUCCEEDED,
+                when,
+                flow_execution_id=(flow_execution_ids or {}).get(i.work_id),
+                failure_class=cause_code,
+            )
+            for i in items
+        ],
         ignore_existing=False,
     )
 
@@ -1438,12 +1518,14 @@ def finish_succeeded(
     *,
     flow_execution_id: str | None = None,
     now: datetime | None = None,
+    cause_code: str | None = None,
 ) -> None:
     """Mark ``item`` succeeded (terminal, ``TerminalAt``) in the caller's transaction.
 
     Compare-and-set on (WorkId, LeaseToken, State='processing'); writes the
-    attempt row (``OutcomeState='succeeded'``). Raises ``LeaseLost`` when the
-    lease token no longer matches — roll the transaction back then.
+    attempt row (``OutcomeState='succeeded'``, ``CauseCode=cause_code``).
+    Raises ``LeaseLost`` when the lease token no longer matches — roll the
+    transaction back then.
     """
     when = _now(now)
     _finish(conn, item, {"State": STATE_SUCCEEDED, "TerminalAt": when, "LastModifiedDate": when})
@@ -1457,6 +1539,7 @@ def finish_succeeded(
                 OUTCOME_SUCCEEDED,
                 when,
                 flow_execution_id=flow_execution_id,
+                failure_class=cause_code,
             )
         ],
         ignore_existing=False,

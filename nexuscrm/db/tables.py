@@ -160,6 +160,9 @@ connector_event = Table(
     Column("Payload", LongText, nullable=True),
     Column("ExecutionOwner", String(32), nullable=False, default="work_item"),
     Column("EnqueueOrdinal", BigInteger, nullable=False, default=0),
+    # Cross-pack events: the companion AppPack incarnation (its PackInstallId)
+    # frozen at enqueue; on the event, not the WorkItem, so a replay keeps it.
+    Column("CompanionPackInstallId", String(64), nullable=True),
     *_audit(),
     UniqueConstraint("InstalledPackId", "IdempotencyKey", name="uq_ConnectorEvent_Idem"),
 )
@@ -237,6 +240,54 @@ connector_remote_link = Table(
     Column("RecordId", String(64), nullable=False),
     *_audit(),
     PrimaryKeyConstraint("ConnectorOwnerKey", "Namespace", "DestinationObject", "RemoteId"),
+)
+
+# The system's own outbound writes to a remote system, read by the outbound
+# echo probe (seed SQLOutboundEchoProbe): an inbound event for the same remote
+# record carrying exactly the fields written (FieldsHash) before ExpiresAt is
+# that write's echo, finished without running its flow. EchoWorkId marks the
+# row consumed, so one write suppresses at most one echo.
+connector_outbound_write = Table(
+    "_System_ConnectorOutboundWrite",
+    system_metadata,
+    Column("WriteId", String(64), primary_key=True),
+    Column("ConnectorOwnerKey", String(128), nullable=False),
+    Column("Namespace", String(128), nullable=False),
+    Column("ObjectName", String(128), nullable=False),
+    Column("RemoteId", String(KEY), nullable=False),
+    Column("FieldsHash", String(64), nullable=False),
+    Column("WrittenAt", DateTime, nullable=False),
+    Column("ExpiresAt", DateTime, nullable=False),
+    Column("EchoWorkId", String(64), nullable=True),
+    Column("EchoedAt", DateTime, nullable=True),
+    *_audit(),
+    Index("ix_ConnectorOutboundWrite_Remote", "RemoteId", "ObjectName"),
+)
+
+# Runtime command handoff: one row per handed-off WorkItem, for the separate
+# runtime service (which owns the business operation and its dependencies).
+runtime_command = Table(
+    "_System_RuntimeCommand",
+    system_metadata,
+    Column("CommandId", String(64), primary_key=True),
+    Column("WorkId", String(64), nullable=False),
+    Column("EventId", String(64), nullable=False),
+    Column("InstalledPackId", String(64), nullable=False),
+    Column("ConnectorOwnerKey", String(128), nullable=False),
+    Column("Namespace", String(128), nullable=False, default=""),
+    Column("EventKind", String(128), nullable=False),
+    Column("RouteVersion", Integer, nullable=False),
+    Column("InvocationMode", String(64), nullable=False),
+    Column("Operation", String(64), nullable=False),
+    Column("DestinationObject", String(128), nullable=True),
+    Column("SourceObject", String(128), nullable=False, default=""),
+    Column("SourceId", String(KEY), nullable=False, default=""),
+    Column("Payload", LongText, nullable=True),
+    Column("CompanionPackInstallId", String(64), nullable=True),
+    Column("State", String(32), nullable=False),  # pending (the runtime moves it on)
+    *_audit(),
+    UniqueConstraint("WorkId", name="uq_RuntimeCommand_Work"),
+    Index("ix_RuntimeCommand_State", "State", "CreatedDate"),
 )
 
 SYSTEM_TABLES: tuple[Table, ...] = tuple(system_metadata.sorted_tables)

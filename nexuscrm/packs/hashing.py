@@ -26,6 +26,10 @@ def canonical_payload(pack: PackManifest) -> str:
     for key in ("inbound_routes", "callout_profiles"):
         if not data[key]:
             del data[key]
+    for route in data.get("inbound_routes", ()):
+        # Likewise a route's companion_pack (cross-pack routes came later still).
+        if route.get("companion_pack") is None:
+            route.pop("companion_pack", None)
     return json.dumps(
         data,
         sort_keys=True,

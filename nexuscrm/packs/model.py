@@ -225,6 +225,12 @@ class InboundRoute(BaseModel):
     ``sobject`` when unset — and upsert by remote id) or ``webhook`` (POST the
     event to ``webhook_url``). ``field_map`` renames remote fields to local
     ones; unmapped fields keep their names.
+
+    ``companion_pack`` (optional) makes the route cross-pack: it names the
+    AppPack whose objects the route writes. Enqueue freezes that pack's
+    current incarnation (``PackInstallId``) on the event, and the processor
+    checks it is still installed and active before the event runs (seed
+    ``companionInstallStillInstalledChecker``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -237,6 +243,7 @@ class InboundRoute(BaseModel):
     destination_object: str | None = None
     field_map: dict[str, str] = Field(default_factory=dict)
     webhook_url: str | None = None
+    companion_pack: str | None = None
 
     @field_validator("event_kind")
     @classmethod
@@ -252,6 +259,11 @@ class InboundRoute(BaseModel):
             raise ValueError(f"route {self.event_kind}: the webhook flow needs webhook_url")
         if self.destination_object is not None:
             validate_identifier(self.destination_object, "destination_object")
+        if self.companion_pack is not None and not PACK_NAME_RE.fullmatch(self.companion_pack):
+            raise ValueError(
+                f"route {self.event_kind}: companion_pack {self.companion_pack!r} "
+                "is not a pack name"
+            )
         return self
 
 
@@ -322,4 +334,10 @@ class PackManifest(BaseModel):
                     f"pack {self.name}: route {r.event_kind} v{r.route_version} is declared twice"
                 )
             routes.add((r.event_kind, r.route_version))
+            if r.companion_pack is not None and r.companion_pack not in self.depends_on:
+                # Apply order: the companion's objects exist before the route writes them.
+                raise ValueError(
+                    f"pack {self.name}: route {r.event_kind} v{r.route_version} names "
+                    f"companion_pack {r.companion_pack}, which is not in depends_on"
+                )
         return self
