@@ -26,6 +26,9 @@ def canonical_payload(pack: PackManifest) -> str:
     for key in ("inbound_routes", "callout_profiles"):
         if not data[key]:
             del data[key]
+    for profile in data.get("callout_profiles", ()):
+        if not profile.get("projection_fields"):
+            profile.pop("projection_fields", None)
     return json.dumps(
         data,
         sort_keys=True,
