@@ -42,6 +42,7 @@ class RemoteApi:
         self.calls: list[dict[str, Any]] = []
         self.status = 200
         self.delay = 0.0
+        self.trickle = 0.0
         self.body: Any = None
         outer = self
 
@@ -65,7 +66,13 @@ class RemoteApi:
                 self.send_response(outer.status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if outer.trickle:  # each byte well within a read timeout
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(outer.trickle)
+                else:
+                    self.wfile.write(data)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -130,6 +137,16 @@ def test_flow_deadline_bounds_the_batch_read(api):
     with pytest.raises(EnrichmentError) as info:
         client.batch_read("salesforce", "Broker__c", ["b1"])
     assert info.value.retriable and "timed out" in str(info.value)
+
+
+def test_flow_deadline_bounds_the_whole_batch_read_not_each_socket_read(api):
+    api.trickle = 0.05  # ~60 bytes: about 3 s in all, 50 ms between bytes
+    client = HttpBatchReadClient(
+        profile(api), httpx.Client(), deadline=timedelta(milliseconds=500), env=ENV
+    )
+    with pytest.raises(EnrichmentError) as info:
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert info.value.retriable and "flow deadline" in str(info.value)
 
 
 def test_missing_credential_fails_when_the_pool_is_built(api):

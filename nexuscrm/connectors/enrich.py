@@ -18,8 +18,10 @@ context (:class:`DrainOnlyContext`) for a drain-only incarnation.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -121,24 +123,33 @@ class HttpBatchReadClient:
         body: dict[str, Any] = {"namespace": namespace, "ids": list(source_ids)}
         if self.profile.projection_fields:
             body["fields"] = list(self.profile.projection_fields)
+        start = time.monotonic()
         try:
-            response = self.client.post(
-                url,
-                json=body,
-                headers=self.headers,
-                timeout=timeout,
-            )
+            # Streamed so the deadline bounds the whole read, not each socket
+            # operation: a server trickling bytes would otherwise pin the lane.
+            with self.client.stream(
+                "POST", url, json=body, headers=self.headers, timeout=timeout
+            ) as response:
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    if timeout is not None and time.monotonic() - start > timeout:
+                        raise EnrichmentError(
+                            f"batch read {url} timed out (flow deadline {timeout:g} s)",
+                            retriable=True,
+                        )
+                status, content = response.status_code, b"".join(chunks)
         except httpx.TimeoutException as exc:
             raise EnrichmentError(f"batch read {url} timed out", retriable=True) from exc
         except httpx.TransportError as exc:
             raise EnrichmentError(f"batch read {url}: {exc}", retriable=True) from exc
-        if response.status_code >= 300:
+        if status >= 300:
             raise EnrichmentError(
-                f"batch read {url} answered {response.status_code}",
-                retriable=response.status_code == 429 or response.status_code >= 500,
+                f"batch read {url} answered {status}",
+                retriable=status == 429 or status >= 500,
             )
         try:
-            records = response.json()["records"]
+            records = json.loads(content)["records"]
             if not isinstance(records, dict):
                 raise TypeError("records is not an object")
         except (ValueError, KeyError, TypeError) as exc:
