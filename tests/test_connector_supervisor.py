@@ -141,12 +141,12 @@ async def test_drain_timeout_cancels_workers_that_do_not_stop(skipping_env):
 
 @workflow.defn(name="InboundWorker")
 class ContinuingWorker:
-    """Continues-as-new ``batches_before_continue_as_new`` times, then returns cleanly."""
+    """Continues-as-new twice (counting down from the default 200), then returns cleanly."""
 
     @workflow.run
     async def run(self, config: InboundWorkerConfig) -> str:
         await workflow.sleep(0.01)
-        if config.batches_before_continue_as_new > 0:
+        if config.batches_before_continue_as_new > 198:
             config.batches_before_continue_as_new -= 1
             workflow.continue_as_new(config)
         return "drained"
