@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, text, update
+from sqlalchemy import Engine, delete, text, update
 from sqlalchemy.engine import make_url
 
 from nexuscrm.connectors import admission
@@ -123,3 +123,21 @@ def test_claim_takes_both_work_types_and_generation_is_the_oldest_claimable(engi
 def test_other_pack_generation_is_not_mixed_in(engine):
     repair.run_repair(engine)
     assert admission.resolve_claim_generation(engine, "other-pack") == 0
+
+
+def test_auto_start_applies_a_completed_database_that_lacks_the_receipt(engine):
+    """An upgraded database (completed before the receipt existed) gets one ApplyAll."""
+    assert markers.CONNECTOR_CUTOVER_KEY == admission.CUTOVER_RECEIPT_KEY
+    repair.run_repair(engine)
+    with engine.begin() as conn:
+        markers.mark(conn, markers.MarkerStatus.completed, "run-1", "done")
+    assert markers.classify_auto_start(engine).action == markers.AutoStartAction.skip
+    with engine.begin() as conn:
+        conn.execute(
+            delete(t.bootstrap_state).where(
+                t.bootstrap_state.c.StateKey == admission.CUTOVER_RECEIPT_KEY
+            )
+        )
+    decision = markers.classify_auto_start(engine)
+    assert decision.action == markers.AutoStartAction.apply
+    assert "connector_work_item_only_cutover receipt is missing" in decision.reason
