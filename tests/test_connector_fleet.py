@@ -15,20 +15,28 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
-from nexuscrm.connectors import admission
+from nexuscrm.connectors import admission, workqueue
+from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.test_cli import cli_env, invoke_async
-from tests.test_connector_runtime import connector_settings, fast_fleet, install
+from tests.test_connector_runtime import (
+    connector_settings,
+    fast_fleet,
+    hook_events,
+    hook_pack,
+    install,
+    wait_drained,
+)
 from tests.test_connector_supervisor import DrainableWorker
 from workflows.connectors import ConnectorFleetWorkflow, PackSupervisorWorkflow
 from workflows.models import (
@@ -294,3 +302,30 @@ async def test_stop_waits_a_bounded_time_for_a_hung_reconcile_then_drains(tempor
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
     ]
     assert inp.reconcile_stop_timeout_seconds == 5 and 5 in timers
+
+
+async def test_drain_only_generation_is_served_until_its_queue_is_empty(
+    temporal_env, settings, hook, tmp_path
+):
+    """Rule 6 end to end: a draining incarnation keeps a pool while it has work."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    workqueue.enqueue(engine, hook_events(pack.install_id, ["a", "b", "c"]))
+    with engine.begin() as conn:
+        conn.execute(
+            update(t.installed_pack)
+            .where(t.installed_pack.c.PackInstallId == pack.install_id)
+            .values(Status="draining")
+        )
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        st = await wait_status(fleet, lambda s: s.reconciles >= 1)
+        states = await wait_drained(engine)
+        assert states == {"succeeded": 3}
+        # The next periodic reconcile finds the queue empty and stops the pool, silently.
+        st = await wait_status(fleet, lambda s: s.pools == [])
+        assert st.blocked == {}
+        await fleet.signal("stop")
+        await fleet.result()
