@@ -1,4 +1,4 @@
-"""Connector runtime activities: list desired packs, claim a batch, process it.
+"""Connector runtime activities: plan a reconcile, claim a batch, process it.
 
 ``claim`` is short and runs as a local activity; ``process`` heartbeats and
 extends the batch's leases while it runs, so a dead worker's leases expire
@@ -8,6 +8,7 @@ and another worker reclaims them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from sqlalchemy import Engine
 from temporalio import activity
 
 from activities.controlplane import fatal_is_final
-from nexuscrm.connectors import handoff, knobs, serving, workqueue
+from nexuscrm.connectors import handoff, knobs, reconcile, serving, workqueue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.log import log
@@ -29,6 +30,9 @@ from workflows.models import (
     DependencySpec,
     DesiredPack,
     ProcessRequest,
+    ReconcileDecision,
+    ReconcileOutcome,
+    ReconcileRequest,
 )
 
 CLAIM_BATCHES = 4
@@ -66,37 +70,61 @@ class ConnectorActivities:
         # The handoff role refuses to start without a selection (fail closed).
         handoff.require_serving_selection(settings.connector_role, self.selection)
         self.modes = handoff.supported_modes(settings.connector_role)
+        # The role decides which invocation modes a selected route may use.
+        self.resolvers = reconcile.Resolvers(
+            list_packs=functools.partial(desired_packs, supported_modes=self.modes)
+        )
         self.processor = Processor(
             engine, flow_deadline=config.flow_deadline, role=settings.connector_role
         )
 
-    @activity.defn(name="connectors.list_desired")
+    @activity.defn(name="connectors.reconcile_plan")
     @fatal_is_final
-    def list_desired(self, database_id: str) -> list[DesiredPack]:
-        """Active and draining connector packs, each with its pool fingerprint."""
+    def reconcile_plan(self, req: ReconcileRequest) -> ReconcileOutcome:
+        """One reconcile as typed outcomes (``nexuscrm.connectors.reconcile.plan_reconcile``).
+
+        Database errors are outcomes, not raised; only a bad ``mode`` raises.
+        """
         k = self.knobs
-        out = []
-        desired = desired_packs(self.engine, self.selection, supported_modes=self.modes)
-        for key, reason in desired.blocked.items():
+        plan = reconcile.plan_reconcile(
+            self.engine,
+            selection=self.selection,
+            knobs=k,
+            mode=req.mode,
+            running=req.running,
+            fleet_epoch=req.fleet_epoch,
+            resolvers=self.resolvers,
+        )
+        for key, reason in plan.blocked.items():
             log.error("connector pack not served", pack=key, reason=reason)
-        for row in desired.packs:
-            fingerprint = k.fingerprint(
-                row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only
-            )
-            out.append(
-                DesiredPack(
-                    namespace=row.namespace,
-                    install_id=row.install_id,
-                    payload_hash=row.payload_hash,
-                    drain_only=row.drain_only,
-                    fingerprint=fingerprint,
+        decisions = []
+        for d in plan.decisions:
+            pack = None
+            if d.pool is not None:
+                p = d.pool
+                pack = DesiredPack(
+                    namespace=p.namespace,
+                    install_id=p.install_id,
+                    payload_hash=p.payload_hash,
+                    drain_only=p.drain_only,
+                    fingerprint=p.fingerprint,
                     worker_count=k.workers_per_pack,
                     max_processing_rows=k.max_processing_rows,
                     queue_profile_mode=k.queue_profile_mode,
+                    status=p.status,
+                    generation=p.generation,
+                    scheduler_owner_id=p.scheduler_owner_id,
+                    fencing_token=p.fencing_token,
+                    projection_fingerprint=p.projection_fingerprint,
+                    degraded=p.degraded,
                 )
+            decisions.append(
+                ReconcileDecision(d.key, d.namespace, d.install_id, d.action, d.reason, d.gap, pack)
             )
         self.processor.forget()
-        return out
+        return ReconcileOutcome(
+            decisions, plan.blocked, plan.degraded, plan.error, plan.fatal, plan.stop_all
+        )
 
     @activity.defn(name="connectors.claim")
     @fatal_is_final
@@ -153,4 +181,4 @@ class ConnectorActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""
-        return [self.list_desired, self.claim, self.process]
+        return [self.reconcile_plan, self.claim, self.process]

@@ -76,7 +76,7 @@ from nexusctl.worker import run_worker
 from workflows.models import (
     ApplyAllInput,
     ApplyAllResult,
-    DesiredPack,
+    FleetStatus,
     OperationInput,
     PhaseReport,
     SupervisorStatus,
@@ -1230,25 +1230,23 @@ def connectors_status() -> None:
         return
     stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
 
-    async def pools() -> dict[str, SupervisorStatus]:
+    async def pools() -> tuple[dict[str, SupervisorStatus], FleetStatus | None]:
         try:
             client = await connect(settings)
             handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
-            running = await handle.query(
-                "status", result_type=list[DesiredPack], rpc_timeout=QUERY_TIMEOUT
-            )
+            fleet = await handle.query("status", result_type=FleetStatus, rpc_timeout=QUERY_TIMEOUT)
         except Exception:
-            return {}
+            return {}, None
         out: dict[str, SupervisorStatus] = {}
-        for pool in running:
+        for pool in fleet.pools:
             sup = client.get_workflow_handle(pool.supervisor_workflow_id)
             with contextlib.suppress(Exception):
                 out[pool.install_id] = await sup.query(
                     "status", result_type=SupervisorStatus, rpc_timeout=QUERY_TIMEOUT
                 )
-        return out
+        return out, fleet
 
-    running = asyncio.run(pools())
+    running, fleet = asyncio.run(pools())
     table = Table(title=f"connector packs ({settings.database_id})")
     for col in ("pack", "install", "status", "workers", "queue (state/class)", "oldest pending",
                 "failures"):  # fmt: skip
@@ -1267,6 +1265,26 @@ def connectors_status() -> None:
         )
         table.add_row(row.namespace, row.install_id[:8], row.status, workers, depth, oldest,
                       failures)  # fmt: skip
+    console.print(table)
+    if fleet is not None:
+        _print_fleet_problems(fleet)
+
+
+def _print_fleet_problems(fleet: FleetStatus) -> None:
+    """The fleet's blocked packs (not served) and degraded packs, with their reasons."""
+    if fleet.last_error:
+        console.print(f"[yellow]last reconcile error:[/yellow] {fleet.last_error}")
+    if not fleet.blocked and not fleet.degraded:
+        return
+    table = Table(title="connector packs not served or degraded")
+    for col in ("pack", "install", "state", "reason"):
+        table.add_column(col)
+    problems = [(k, "blocked", r) for k, r in fleet.blocked.items()]
+    problems += [(k, "degraded", r) for k, r in fleet.degraded.items()]
+    for key, state, reason in sorted(problems):
+        namespace, _, install_id = key.partition("/")
+        color = "red" if state == "blocked" else "yellow"
+        table.add_row(namespace, install_id[:8], f"[{color}]{state}[/{color}]", Text(reason))
     console.print(table)
 
 

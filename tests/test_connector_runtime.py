@@ -29,7 +29,7 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 from tests.conftest import corpus_project
-from workflows.models import ApplyAllInput, DesiredPack, FleetInput
+from workflows.models import ApplyAllInput, DesiredPack, FleetInput, FleetStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
@@ -234,7 +234,7 @@ async def test_same_record_events_apply_in_enqueue_order_with_8_workers(temporal
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         states = await wait_drained(engine)
-        status = await fleet.query("status", result_type=list[DesiredPack])
+        status = (await fleet.query("status", result_type=FleetStatus)).pools
         await fleet.signal("stop")
         await fleet.result()
     assert status[0].worker_count == 8
@@ -311,7 +311,7 @@ async def wait_pools(
 ) -> list[DesiredPack]:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        pools = await fleet.query("status", result_type=list[DesiredPack])
+        pools = (await fleet.query("status", result_type=FleetStatus)).pools
         if len(pools) == count and all(p.fingerprint != not_fingerprint for p in pools):
             return pools
         if asyncio.get_running_loop().time() > deadline:

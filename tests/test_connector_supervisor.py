@@ -8,6 +8,7 @@ runs in milliseconds.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 
@@ -136,3 +137,82 @@ async def test_drain_timeout_cancels_workers_that_do_not_stop(skipping_env):
         status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
         assert {w.state for w in status.workers} <= {"cancelled", "stopped"}
         assert all(w.restarts == 0 for w in status.workers)
+
+
+@workflow.defn(name="InboundWorker")
+class ContinuingWorker:
+    """Continues-as-new twice (counting down from the default 200), then returns cleanly."""
+
+    @workflow.run
+    async def run(self, config: InboundWorkerConfig) -> str:
+        await workflow.sleep(0.01)
+        if config.batches_before_continue_as_new > 198:
+            config.batches_before_continue_as_new -= 1
+            workflow.continue_as_new(config)
+        return "drained"
+
+
+async def test_clean_return_and_continue_as_new_are_not_restarts(skipping_env):
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, ContinuingWorker]
+    ):
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, config(2), id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        for _ in range(100):
+            await skipping_env.sleep(timedelta(seconds=1))
+            status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+            if all(w.state == "drained" for w in status.workers):
+                break
+        assert [(w.state, w.restarts, w.next_backoff_s) for w in status.workers] == [
+            ("drained", 0, 0.0),
+            ("drained", 0, 0.0),
+        ]
+        # each worker ran three times (two continue-as-new), none of them a restart
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+
+
+async def test_every_worker_config_carries_generation_owner_and_fence(skipping_env):
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, DrainableWorker]
+    ):
+        cfg = config(3)
+        cfg.generation, cfg.scheduler_owner_id, cfg.fencing_token = 7, "owner-x", "fence-x"
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, cfg, id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        await skipping_env.sleep(timedelta(seconds=2))
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        seen = []
+        for w in status.workers:
+            history = await skipping_env.client.get_workflow_handle(w.workflow_id).fetch_history()
+            started = history.events[0].workflow_execution_started_event_attributes
+            arg = json.loads(started.input.payloads[0].data)
+            seen.append((arg["generation"], arg["scheduler_owner_id"], arg["fencing_token"]))
+        assert seen == [(7, "owner-x", "fence-x")] * 3
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+
+
+async def test_supervisor_never_finalizes_an_item_a_worker_held(skipping_env):
+    """The supervisor restarts a failed worker but runs no activity of its own: the
+    crashed worker's leases are left to expire and be reclaimed (the seed's rule that
+    the supervising frame holds no claim token and must not finalize)."""
+    queue = f"sup-{uuid.uuid4().hex[:6]}"
+    async with Worker(
+        skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, FailingWorker]
+    ):
+        handle = await skipping_env.client.start_workflow(
+            PackSupervisorWorkflow.run, config(), id=f"sup-{uuid.uuid4()}", task_queue=queue
+        )
+        await skipping_env.sleep(timedelta(seconds=10))
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        assert status.workers[0].restarts >= 2
+        await handle.signal(PackSupervisorWorkflow.drain)
+        assert await handle.result() == "drained"
+    history = await handle.fetch_history()
+    assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert not [e for e in history.events if e.HasField("marker_recorded_event_attributes")]

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, select, update
 
 from activities.connectors import ConnectorActivities
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import admission, workqueue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.echo import record_outbound_write
 from nexuscrm.connectors.handoff import HANDOFF_MODES
@@ -37,6 +37,7 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import fleet_input, start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.helpers import HookServer
+from workflows.models import ReconcileRequest
 
 NS = "xsync"
 
@@ -92,6 +93,8 @@ def engine(db_url: str, tmp_path: Path, hook: HookServer) -> Engine:
     packs_apply.apply_packs(
         engine, packs_apply.load_plan(engine, write_packs(tmp_path, hook.url), False)
     )
+    with engine.begin() as conn:  # RunRepair's step, as ApplyAll runs it
+        admission.ensure_cutover_receipt(conn)
     catalog.CACHE.invalidate()
     return engine
 
@@ -410,7 +413,9 @@ def test_handoff_role_requires_a_serving_selection(engine, settings, tmp_path):
         update={"serving_selection": str(selection_file(engine, tmp_path, ["gizmo.handoff"]))}
     )
     acts = ConnectorActivities(engine, selected, ConnectorKnobs())
-    assert [p.namespace for p in acts.list_desired(settings.database_id)] == [NS]
+    plan = acts.reconcile_plan(ReconcileRequest(settings.database_id, "startup", {}, "epoch-1"))
+    assert (plan.error, plan.blocked) == ("", {})
+    assert [(d.namespace, d.action) for d in plan.decisions] == [(NS, "start")]
     # The local role needs none.
     ConnectorActivities(engine, settings, ConnectorKnobs())
 
@@ -497,7 +502,7 @@ async def test_handoff_role_fleet_hands_off_and_does_no_identity_recovery(
                 if await wait_started():
                     started = True
                     break
-            assert [p["namespace"] for p in await fleet.query("status")] == [NS]
+            assert [p["namespace"] for p in (await fleet.query("status"))["pools"]] == [NS]
             for _ in range(60):  # the pool's workers run the handoff item meanwhile
                 if item_state(engine, handed)[0] in ("succeeded", "failed"):
                     break

@@ -16,11 +16,15 @@ from sqlalchemy import text
 
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.enrich import (
+    DrainOnlyContext,
     EnrichmentError,
     HttpBatchReadClient,
     NoopBatchReadClient,
+    PackInactiveError,
     client_for_profiles,
+    plan_batch,
     resolve_credential,
+    resolve_credential_for,
 )
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
@@ -38,6 +42,7 @@ class RemoteApi:
         self.calls: list[dict[str, Any]] = []
         self.status = 200
         self.delay = 0.0
+        self.trickle = 0.0
         self.body: Any = None
         outer = self
 
@@ -61,7 +66,13 @@ class RemoteApi:
                 self.send_response(outer.status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if outer.trickle:  # each byte well within a read timeout
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(outer.trickle)
+                else:
+                    self.wfile.write(data)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -126,6 +137,16 @@ def test_flow_deadline_bounds_the_batch_read(api):
     with pytest.raises(EnrichmentError) as info:
         client.batch_read("salesforce", "Broker__c", ["b1"])
     assert info.value.retriable and "timed out" in str(info.value)
+
+
+def test_flow_deadline_bounds_the_whole_batch_read_not_each_socket_read(api):
+    api.trickle = 0.05  # ~60 bytes: about 3 s in all, 50 ms between bytes
+    client = HttpBatchReadClient(
+        profile(api), httpx.Client(), deadline=timedelta(milliseconds=500), env=ENV
+    )
+    with pytest.raises(EnrichmentError) as info:
+        client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert info.value.retriable and "flow deadline" in str(info.value)
 
 
 def test_missing_credential_fails_when_the_pool_is_built(api):
@@ -197,3 +218,43 @@ async def test_runtime_enriches_a_batch_with_one_read_per_object(
     # one read per claimed batch and object kind, never one per item
     assert len(api.calls) < len(events)
     assert sum(len(c["ids"]) for c in api.calls) == len(events)
+
+
+def test_required_kinds_without_coverage_fail_naming_them(api):
+    p = profile(api).model_copy(update={"required_object_kinds": ("Broker__c", "Property__c")})
+    with pytest.raises(EnrichmentError, match="requires batch coverage for Property__c"):
+        client_for_profiles([p], httpx.Client(), deadline=None, env=ENV)
+    with pytest.raises(EnrichmentError, match="for pk \\(i1\\) requires"):
+        plan_batch([p], "pk (i1)")
+
+
+def test_duplicate_coverage_falls_back_to_payload_only(api):
+    a, b = profile(api), profile(api).model_copy(update={"name": "second"})
+    client = client_for_profiles([a, b], httpx.Client(), deadline=None, env={})
+    assert isinstance(client, NoopBatchReadClient)
+    assert "Broker__c by batch, second" in plan_batch([a, b]).degraded
+    assert client.batch_read("salesforce", "Broker__c", ["b1"]) == {} and api.calls == []
+
+
+def test_required_kinds_read_only_those_and_send_projection_fields(api):
+    p = profile(api).model_copy(
+        update={
+            "object_path_map": {"Broker__c": "/records/Broker__c", "Other__c": "/o"},
+            "required_object_kinds": ("Broker__c",),
+            "projection_fields": ("Title__c",),
+        }
+    )
+    client = client_for_profiles([p], httpx.Client(), deadline=None, env=ENV)
+    assert client.batch_read("salesforce", "Other__c", ["o1"]) == {}
+    client.batch_read("salesforce", "Broker__c", ["b1"])
+    assert [c["path"] for c in api.calls] == ["/services/records/Broker__c"]
+    assert api.calls[0]["fields"] == ["Title__c"]
+
+
+def test_drain_only_context_resolves_no_credential_for_an_inactive_pack(api):
+    installed = {"flag": True}
+    ctx = DrainOnlyContext("salesforce", "i1", lambda: installed["flag"])
+    assert resolve_credential_for("sf-prod", ENV, ctx) == "s3cret"
+    installed["flag"] = False
+    with pytest.raises(PackInactiveError, match=r"salesforce \(i1\) is inactive"):
+        resolve_credential_for("sf-prod", ENV, ctx)

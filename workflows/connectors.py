@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
     CancelledError,
     ChildWorkflowError,
     WorkflowAlreadyStartedError,
@@ -31,12 +33,25 @@ with workflow.unsafe.imports_passed_through():
     from activities.connectors import ConnectorActivities
     from activities.identity import IdentityActivities
     from nexuscrm.connectors.knobs import RestartBackoff, work_item_worker_queue_profile
+    from nexuscrm.connectors.reconcile import (
+        ACTION_KEEP,
+        ACTION_PRESERVE,
+        ACTION_START,
+        ACTION_STOP,
+        MODE_ALL,
+        MODE_CHANGED,
+        MODE_PERIODIC,
+        MODE_STARTUP,
+    )
     from workflows.models import ClaimRequest as _ClaimRequest
     from workflows.models import (
         DesiredPack,
         FleetInput,
+        FleetStatus,
         InboundWorkerConfig,
         ProcessRequest,
+        ReconcileOutcome,
+        ReconcileRequest,
         SupervisorConfig,
         SupervisorStatus,
         WaitNotifyRequest,
@@ -249,6 +264,10 @@ class PackSupervisorWorkflow:
             lease_seconds=c.lease_seconds,
             idle_seconds=c.idle_seconds,
             fingerprint=c.fingerprint,
+            generation=c.generation,
+            scheduler_owner_id=c.scheduler_owner_id,
+            fencing_token=c.fencing_token,
+            drain_only=c.drain_only,
         )
 
     async def _supervise(self, slot: _Slot) -> None:
@@ -322,16 +341,29 @@ class PackSupervisorWorkflow:
 
 @workflow.defn(name="ConnectorFleet")
 class ConnectorFleetWorkflow:
-    """Port of ``Supervisor.Start`` / ``Reconcile`` / ``ReconcileChanged``.
+    """Port of ``Supervisor.StartContext`` / ``Reconcile`` / ``ReconcileChanged`` / ``Stop``.
 
-    Each reconcile lists the desired packs (activity), starts a supervisor
-    for each new (pack, fingerprint), drains supervisors whose pack was
-    removed or whose fingerprint changed (the rebuild), and keeps the rest.
-    Pools are started with ABANDON so they outlive this workflow's
-    continue-as-new; the next run adopts them from its input.
-    Signals: ``reconcile`` (rebuild every pool), ``reconcile_changed``,
-    ``wake(install_id)``, ``stop`` (drain every pool and end). Update:
-    ``prune(namespace, install_id)``. Query: ``status``.
+    Every reconcile asks one activity for a typed plan
+    (``nexuscrm.connectors.reconcile``) and applies it: start a supervisor per
+    new (pack, fingerprint), drain pools to stop or rebuild, wake pools kept
+    unchanged, keep preserved ones. Kinds of reconcile:
+
+    * startup (first run): all-or-nothing; any error fails the fleet;
+    * ``reconcile`` signal (after a live pack apply/remove): rebuild every pool;
+    * ``reconcile_changed`` signal: rebuild only pools whose fingerprint changed;
+    * periodic (timer): due identity recovery first, then, unless a lifecycle
+      operation (``prune``) is in progress, a reconcile that wakes unchanged
+      pools and preserves running ones on read errors.
+
+    Each clears the ``blocked`` map (packs not served, with the reason) and
+    refills it from the plan. Pools are started with ABANDON so they outlive
+    this workflow's continue-as-new; the next run adopts them from its input.
+    ``stop`` waits at most ``reconcile_stop_timeout_seconds`` (5 s) for an
+    in-flight reconcile, cancels it, then drains every pool (each pool waits
+    its drain timeout, 30 s, then cancels its workers).
+    Signals: ``reconcile``, ``reconcile_changed``, ``wake(install_id)``,
+    ``stop``. Update: ``prune(namespace, install_id)``. Query: ``status``
+    (:class:`FleetStatus`).
     """
 
     @workflow.init
@@ -345,17 +377,20 @@ class ConnectorFleetWorkflow:
         self.wake_targets: set[str] = set()
         self.reconciles = 0
         self.last_error: str | None = None
+        self.blocked: dict[str, str] = dict(inp.blocked)
+        self.degraded: dict[str, str] = dict(inp.degraded)
+        self.lifecycle_busy = 0
 
     @workflow.signal
     def reconcile(self) -> None:
         """After a live pack apply or remove: rebuild every pool."""
-        self.requested = "all"
+        self.requested = MODE_ALL
 
     @workflow.signal
     def reconcile_changed(self) -> None:
         """Rebuild only pools whose fingerprint changed."""
-        if self.requested != "all":
-            self.requested = "changed"
+        if self.requested != MODE_ALL:
+            self.requested = MODE_CHANGED
 
     @workflow.signal
     def stop(self) -> None:
@@ -379,16 +414,29 @@ class ConnectorFleetWorkflow:
     @workflow.update
     async def prune(self, namespace: str, install_id: str) -> bool:
         """Port of ``PruneWorkerIncarnation``: drain that pool now; True if one ran."""
-        pack = self.running.pop(f"{namespace}/{install_id}", None)
-        if pack is None:
-            return False
-        await self._signal(pack, "drain")
-        return True
+        self.lifecycle_busy += 1
+        try:
+            key = f"{namespace}/{install_id}"
+            self.blocked.pop(key, None)
+            pack = self.running.pop(key, None)
+            if pack is None:
+                return False
+            await self._signal(pack, "drain")
+            return True
+        finally:
+            self.lifecycle_busy -= 1
 
     @workflow.query
-    def status(self) -> list[DesiredPack]:
-        """The pools running now."""
-        return list(self.running.values())
+    def status(self) -> FleetStatus:
+        """Running pools, blocked and degraded packs with their reasons."""
+        return FleetStatus(
+            pools=list(self.running.values()),
+            blocked=dict(self.blocked),
+            degraded=dict(self.degraded),
+            last_error=self.last_error,
+            reconciles=self.reconciles,
+            stopping=self.stopping,
+        )
 
     async def _signal(self, pack: DesiredPack, name: str) -> None:
         handle = workflow.get_external_workflow_handle(pack.supervisor_workflow_id)
@@ -397,7 +445,12 @@ class ConnectorFleetWorkflow:
         except Exception as err:  # pool already ended: nothing to wake or drain
             workflow.logger.info("signal %s to %s skipped: %s", name, pack.install_id, err)
 
-    async def _start(self, pack: DesiredPack) -> None:
+    async def _stop_pool(self, key: str) -> None:
+        pack = self.running.pop(key, None)
+        if pack is not None:
+            await self._signal(pack, "drain")
+
+    async def _start(self, pack: DesiredPack) -> bool:
         config = SupervisorConfig(
             database_id=self.inp.database_id,
             namespace=pack.namespace,
@@ -413,6 +466,9 @@ class ConnectorFleetWorkflow:
             drain_timeout_seconds=self.inp.drain_timeout_seconds,
             restart_backoff_min_seconds=self.inp.restart_backoff_min_seconds,
             restart_backoff_max_seconds=self.inp.restart_backoff_max_seconds,
+            generation=pack.generation,
+            scheduler_owner_id=pack.scheduler_owner_id,
+            fencing_token=pack.fencing_token,
         )
         self.inp.pools_started += 1
         pack.supervisor_workflow_id = supervisor_workflow_id(
@@ -428,31 +484,92 @@ class ConnectorFleetWorkflow:
             )
         except WorkflowAlreadyStartedError as err:  # next reconcile tries again
             workflow.logger.warning("pool %s not started: %s", pack.supervisor_workflow_id, err)
-            return
+            return False
         self.running[f"{pack.namespace}/{pack.install_id}"] = pack
+        return True
 
-    async def _reconcile(self, force: bool) -> None:
-        desired = await workflow.execute_activity_method(
-            ConnectorActivities.list_desired,
-            self.inp.database_id,
+    async def _plan(self, mode: str) -> ReconcileOutcome:
+        return await workflow.execute_activity_method(
+            ConnectorActivities.reconcile_plan,
+            ReconcileRequest(
+                self.inp.database_id,
+                mode,
+                {k: p.fingerprint for k, p in self.running.items()},
+                self.inp.fleet_epoch,
+            ),
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
-        wanted = {f"{p.namespace}/{p.install_id}": p for p in desired}
+
+    async def _reconcile(self, mode: str) -> None:
+        """Apply one typed plan; raises ``ApplicationError`` when startup fails."""
+        startup = mode == MODE_STARTUP
+        self.blocked = {}  # every kind of reconcile clears the blocked map (seed)
+        self.degraded = {}
+        try:
+            out = await self._plan(mode)
+        except ActivityError as err:
+            cause = str(err.cause or err)
+            if startup:
+                raise ApplicationError(
+                    f"connector fleet startup failed: {cause}", non_retryable=True
+                ) from err
+            self.last_error = cause
+            workflow.logger.warning("reconcile failed, keeping running pools: %s", cause)
+            return
+        self.blocked = dict(out.blocked)
+        self.degraded = dict(out.degraded)
+        if out.fatal:  # the plan starts nothing when it is fatal
+            raise ApplicationError(
+                f"connector fleet startup failed: {out.error}", non_retryable=True
+            )
+        if out.stop_all:
+            self.last_error = out.error
+            workflow.logger.error("listing failed under a serving selection: %s", out.error)
+            for key in list(self.running):
+                await self._stop_pool(key)
+            return
+        if out.error:
+            self.last_error = out.error
+            workflow.logger.warning("listing failed, keeping running pools: %s", out.error)
+            return
+        listed: set[str] = set()
+        started: list[str] = []
+        for d in out.decisions:
+            listed.add(d.key)
+            if d.action == ACTION_STOP:
+                await self._stop_pool(d.key)
+            elif d.action == ACTION_START and d.pack is not None:
+                await self._stop_pool(d.key)  # a rebuild drains the old pool first
+                if await self._start(d.pack):
+                    started.append(d.key)
+                elif startup:  # all-or-nothing: stop what started, fail the fleet
+                    for key in started:
+                        await self._stop_pool(key)
+                    raise ApplicationError(
+                        f"connector fleet startup failed: pool for {d.key} did not start",
+                        non_retryable=True,
+                    )
+            elif d.action == ACTION_KEEP:
+                pack = self.running.get(d.key)
+                if pack is not None:
+                    if d.pack is not None:
+                        pack.degraded = d.pack.degraded
+                    await self._signal(pack, "wake")
+            elif d.action == ACTION_PRESERVE:
+                workflow.logger.warning("pool %s preserved: %s", d.key, d.reason)
         for key in list(self.running):
-            pack = self.running[key]
-            new = wanted.get(key)
-            if new is None or force or new.fingerprint != pack.fingerprint:
-                del self.running[key]
-                await self._signal(pack, "drain")
-        for key, pack in wanted.items():
-            if key not in self.running:
-                await self._start(pack)
-        if self.inp.identity_recovery:
-            await self._recover_waits()
+            if key not in listed:  # removed, or no longer served
+                await self._stop_pool(key)
+        self.last_error = None
 
     async def _recover_waits(self) -> None:
-        """Blocked rows without a live identity wait get one (paged, bounded; idempotent)."""
+        """Blocked rows without a live identity wait get one (paged, bounded; idempotent).
+
+        Not in the Runtime handoff role: the runtime owns those dependencies.
+        """
+        if not self.inp.identity_recovery:
+            return
         try:
             await workflow.execute_activity_method(
                 IdentityActivities.recover,
@@ -464,20 +581,53 @@ class ConnectorFleetWorkflow:
         except ActivityError as err:  # the next reconcile tries again
             workflow.logger.warning("identity wait recovery failed: %s", err)
 
+    def _done_or_stopping(self, task: asyncio.Future[None]) -> Callable[[], bool]:
+        return lambda: task.done() or self.stopping
+
+    async def _cycle(self, mode: str) -> None:
+        if mode == MODE_STARTUP:
+            await self._reconcile(mode)
+            # Startup recovery is not a readiness gate (the seed defers its errors).
+            await self._recover_waits()
+        elif mode == MODE_PERIODIC:
+            await self._recover_waits()  # due identity recovery first (reconcileBacklog)
+            if self.lifecycle_busy:  # the seed's TryLock: never wait on a busy lifecycle
+                workflow.logger.info("periodic reconcile skipped: lifecycle busy")
+                return
+            await self._reconcile(mode)
+        else:
+            await self._reconcile(mode)
+
     @workflow.run
     async def run(self, inp: FleetInput) -> None:
-        """Reconcile on start, on the timer and on signals; continue-as-new periodically."""
+        """Reconcile on start, on signals and on the timer; continue-as-new periodically.
+
+        Raises ``ApplicationError`` (the fleet fails) when the startup
+        reconcile fails; nothing is left running then.
+        """
+        if not inp.fleet_epoch:
+            inp.fleet_epoch = workflow.info().first_execution_run_id
         forwarder = asyncio.ensure_future(self._forward_wakes())
         while not self.stopping:
-            force = self.requested == "all"
+            mode = MODE_STARTUP if not inp.started else self.requested or MODE_PERIODIC
             self.requested = None
-            try:
-                await self._reconcile(force)
-                self.last_error = None
-            except ActivityError as err:
-                # A listing error keeps the running pools (the seed preserves on read errors).
-                self.last_error = str(err.cause or err)
-                workflow.logger.warning("reconcile failed, keeping running pools: %s", err)
+            task = asyncio.ensure_future(self._cycle(mode))
+            await workflow.wait_condition(self._done_or_stopping(task))
+            if not task.done():
+                # Stop during a reconcile: bounded wait, then cancel it (the seed's 5 s).
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        task.done,
+                        timeout=timedelta(seconds=inp.reconcile_stop_timeout_seconds),
+                    )
+                if not task.done():
+                    workflow.logger.warning("reconcile did not stop within the bounded timeout")
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ActivityError):
+                        await task
+                    break
+            await task  # re-raises a startup failure
+            inp.started = True
             self.reconciles += 1
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
@@ -487,11 +637,12 @@ class ConnectorFleetWorkflow:
             if self.reconciles >= inp.reconciles_before_continue_as_new and not self.stopping:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 inp.running = list(self.running.values())
+                inp.blocked, inp.degraded = self.blocked, self.degraded
                 workflow.continue_as_new(inp)
+        self.stopping = True
         await forwarder
-        for pack in list(self.running.values()):
-            await self._signal(pack, "drain")
-        self.running.clear()
+        for key in list(self.running):
+            await self._stop_pool(key)
         await workflow.wait_condition(workflow.all_handlers_finished)
 
 

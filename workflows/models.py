@@ -157,6 +157,12 @@ class InboundWorkerConfig:
     idle_seconds: float = 5.0
     fingerprint: str = ""
     batches_before_continue_as_new: int = 200
+    # WorkItem claim activation (issue 5 rule 5): resolved at admission, the
+    # same for every worker of one pool, and part of the pool fingerprint.
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
+    drain_only: bool = False
 
 
 @dataclass
@@ -346,6 +352,9 @@ class SupervisorConfig:
     drain_timeout_seconds: float = 30.0
     restart_backoff_min_seconds: float = 1.0
     restart_backoff_max_seconds: float = 30.0
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
 
 
 @dataclass
@@ -385,6 +394,12 @@ class DesiredPack:
     max_processing_rows: int
     queue_profile_mode: str
     supervisor_workflow_id: str = ""
+    status: str = "active"
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
+    projection_fingerprint: str = ""
+    degraded: str = ""
 
 
 @dataclass
@@ -404,3 +419,69 @@ class FleetInput:
     # False for the Runtime handoff role: the runtime owns command dependencies,
     # so the fleet starts no identity-wait recovery (seed disableIdentityRecovery).
     identity_recovery: bool = True
+    # Bounded wait for an in-flight reconcile when the fleet stops (the seed's 5 s).
+    reconcile_stop_timeout_seconds: float = 5.0
+    # Set once the startup reconcile succeeded (carried across continue-as-new).
+    started: bool = False
+    # The fleet's first run id: stands for the seed's host+pid in scheduler ids.
+    fleet_epoch: str = ""
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ReconcileRequest:
+    """One fleet reconcile: ``mode`` is startup | all | changed | periodic.
+
+    ``running``: pool fingerprint per ``namespace/install id``.
+    """
+
+    database_id: str
+    mode: str
+    running: dict[str, str]
+    fleet_epoch: str
+
+
+@dataclass
+class ReconcileDecision:
+    """Typed outcome for one pack: start | keep | preserve | stop (see reconcile.py)."""
+
+    key: str
+    namespace: str
+    install_id: str
+    action: str
+    reason: str = ""
+    gap: str = ""
+    pack: DesiredPack | None = None
+
+
+@dataclass
+class ReconcileOutcome:
+    """Typed result of the reconcile activity (never a raised database error).
+
+    ``fatal``: startup failed (start nothing, fail the fleet); ``stop_all``: a
+    listing error under a serving selection stops every pool.
+    """
+
+    decisions: list[ReconcileDecision] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    fatal: bool = False
+    stop_all: bool = False
+
+
+@dataclass
+class FleetStatus:
+    """``status`` query of the fleet: running pools, blocked and degraded packs.
+
+    ``blocked``/``degraded``: reason per ``namespace/install id``;
+    ``last_error``: the last reconcile's error, if any.
+    """
+
+    pools: list[DesiredPack] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+    last_error: str | None = None
+    reconciles: int = 0
+    stopping: bool = False

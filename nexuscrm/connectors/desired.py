@@ -3,9 +3,10 @@
 Without a serving selection: every active and draining ConnectorPack. With a
 ``RuntimeServingSelection`` (frozen by a deploy pipeline before the process
 starts): exactly the selected packs, each admitted only if its installed row
-is active with the selected payload digest and every selected route resolves
-in that payload with an invocation mode this supervisor can run; a pack that
-fails admission is not served, and the reason is reported.
+is active (a drain-only generation is refused) with the selected payload
+digest and every selected route resolves in that payload with an invocation
+mode this supervisor can run; a pack that fails admission is not served, and
+the reason is reported.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
-from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
+from nexuscrm.connectors.serving import (
+    RuntimeServingSelection,
+    ServingSelectionError,
+    refuse_drain_only,
+)
 
 # Invocation modes a local-flow supervisor runs (the handoff role is separate).
 LOCAL_FLOW_MODES = frozenset({"flow"})
@@ -47,7 +52,7 @@ def desired_packs(
     if selection is None:
         return DesiredSet(packs=rows)
     out = DesiredSet()
-    by_key = {(r.namespace, r.install_id): r for r in rows if not r.drain_only}
+    by_key = {(r.namespace, r.install_id): r for r in rows}
     for selected in selection.packs:
         key = f"{selected.namespace}/{selected.installed_pack_id}"
         row = by_key.get((selected.namespace, selected.installed_pack_id))
@@ -59,6 +64,8 @@ def desired_packs(
                 row.payload_hash if row else "",
             )
             assert row is not None
+            # A selection is exact authority over one active generation.
+            refuse_drain_only(row.drain_only)
             routes = {(r.event_kind, r.route_version): r for r in row.pack.inbound_routes}
             for coord in selected.inbound_routes:
                 route = routes.get((coord.event_kind, coord.route_version))

@@ -19,6 +19,8 @@ from nexuscrm.db.dialect import table_names, upsert
 
 APPLY_ALL_KEY = "control_plane_apply_all"
 REBUILD_OWED_KEY = "formula_view_rebuild_owed"
+# Same value as nexuscrm.connectors.admission.CUTOVER_RECEIPT_KEY (no import: layering).
+CONNECTOR_CUTOVER_KEY = "connector_work_item_only_cutover"
 
 
 class MarkerStatus(StrEnum):
@@ -134,7 +136,9 @@ def classify_auto_start(engine: Engine) -> AutoStartDecision:
     - no system tables at all: fresh database -> apply;
     - metadata rows but no marker: a legacy pre-marker database -> halt, an
       explicit ``apply-all`` must migrate it first;
-    - marker completed -> skip (the caller still checks pack drift);
+    - marker completed -> skip (the caller still checks pack drift), unless
+      the connector WorkItem-only cutover receipt is missing -> apply (its
+      RunRepair writes it);
     - any other marker status -> apply.
     """
     names = table_names(engine)
@@ -151,6 +155,13 @@ def classify_auto_start(engine: Engine) -> AutoStartDecision:
             )
         return AutoStartDecision(AutoStartAction.apply, "no ApplyAll marker yet")
     if marker.status == MarkerStatus.completed:
+        if read(engine, CONNECTOR_CUTOVER_KEY) is None:
+            # A database completed before the receipt existed: the connector
+            # fleet admits no pool until RunRepair writes it, so apply once.
+            return AutoStartDecision(
+                AutoStartAction.apply,
+                f"ApplyAll marker is completed but the {CONNECTOR_CUTOVER_KEY} receipt is missing",
+            )
         return AutoStartDecision(AutoStartAction.skip, "full ApplyAll marker is completed")
     if marker.status == MarkerStatus.finalization_ready:
         return AutoStartDecision(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, delete, inspect, select, update
 
 from nexuscrm.clock import utcnow
+from nexuscrm.connectors.admission import ensure_cutover_receipt
 from nexuscrm.controlplane import catalog, lease
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import after_ddl, describe_error, quote, render_type, table_names
@@ -258,6 +259,9 @@ REPAIR_STEPS: tuple[RepairStep, ...] = (
         once=True,
         convergence_critical=True,
     ),
+    # Receipt of the WorkItem-only execution cutover: the connector fleet admits
+    # no pool without it (nexuscrm.connectors.admission).
+    RepairStep("EnsureConnectorWorkItemCutover", ensure_cutover_receipt, fatal=False),
 )
 
 CONVERGENCE_CRITICAL_STEPS = frozenset(s.name for s in REPAIR_STEPS if s.convergence_critical)

@@ -30,6 +30,9 @@ def canonical_payload(pack: PackManifest) -> str:
         # Likewise a route's companion_pack (cross-pack routes came later still).
         if route.get("companion_pack") is None:
             route.pop("companion_pack", None)
+    for profile in data.get("callout_profiles", ()):
+        if not profile.get("projection_fields"):
+            profile.pop("projection_fields", None)
     return json.dumps(
         data,
         sort_keys=True,

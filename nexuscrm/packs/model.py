@@ -273,6 +273,9 @@ class CalloutProfile(BaseModel):
     ``object_path_map`` maps an object kind to the endpoint path that reads a
     batch of its records (``{"Broker__c": "/records/Broker__c"}``); the
     credential is named by reference only (its value lives elsewhere).
+    ``required_object_kinds``: kinds the pack cannot run without enrichment
+    for (a pool without batch coverage for one of them does not start);
+    ``projection_fields``: the fields each batch read asks for.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -282,6 +285,9 @@ class CalloutProfile(BaseModel):
     credential_ref: str | None = None
     object_path_map: dict[str, str] = Field(default_factory=dict)
     required_object_kinds: tuple[str, ...] = ()
+    # Fields each batch read asks for (the seed's batch projection body field);
+    # their metadata is part of the pool fingerprint (projection fingerprint).
+    projection_fields: tuple[str, ...] = ()
 
 
 # Every table object gets these columns, ahead of its own fields.

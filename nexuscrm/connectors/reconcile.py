@@ -1,0 +1,416 @@
+"""One fleet reconcile as a plan: which pools to start, keep, preserve or stop.
+
+Port of the seed's ``Supervisor.reconcile(ctx, startup, force,
+preserveExistingOnReadError)``. The workflow cannot do I/O, so the database
+work and every decision happen here (called by one activity) and the fleet
+workflow only applies the returned :class:`ReconcilePlan`: typed outcomes,
+not a raised error.
+
+Modes (``mode``) and the seed's flags:
+
+============  ========  =====  =========================  ===========================
+mode          startup   force  preserve on read error     seed entry point
+============  ========  =====  =========================  ===========================
+``startup``   yes       yes    no                         ``StartContext``
+``all``       no        yes    no                         ``Reconcile`` (signal)
+``changed``   no        no     no                         ``ReconcileChanged`` (signal)
+``periodic``  no        no     yes (not under selection)  ``reconcileBacklog`` (timer)
+============  ========  =====  =========================  ===========================
+
+Outcome per pack (in the order the seed checks):
+
+* WorkItem admission (``nexuscrm.connectors.admission``): a schema,
+  capability or cutover gap always stops the pool (fail closed); another
+  readiness-probe error keeps an already-running pool (warning), else stops it;
+* drain-only eligibility re-checked every reconcile: a drained queue stops
+  the pool silently; an eligibility read error blocks it;
+* profiles and the projection fingerprint: a read error keeps the running
+  pool in ``periodic`` mode, except under a serving selection (stop);
+* unchanged fingerprint and not forced: keep (the fleet wakes it);
+* startup contract (required kinds), credentials, then start.
+
+Any failure of a drain-only incarnation is a blocked reason, never a fleet
+failure, and an inactive drain-only pack is skipped. Outside startup a
+failure stops that pool and records its blocked reason; at startup any
+failure makes the whole plan ``fatal`` (nothing starts, the fleet fails).
+A listing error stops every pool under a serving selection (the seed), and
+keeps them otherwise (``error`` set; the seed returns the error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from nexuscrm.connectors import admission, workqueue
+from nexuscrm.connectors.desired import DesiredSet, desired_packs
+from nexuscrm.connectors.enrich import (
+    DrainOnlyContext,
+    EnrichmentError,
+    PackInactiveError,
+    plan_batch,
+    validate_batch_credentials,
+)
+from nexuscrm.connectors.knobs import ConnectorKnobs, worker_key
+from nexuscrm.connectors.routes import ConnectorPackRow
+from nexuscrm.connectors.serving import (
+    RuntimeServingSelection,
+    ServingSelectionError,
+    refuse_drain_only,
+)
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import describe_error
+from nexuscrm.log import log
+from nexuscrm.packs.model import CalloutProfile
+
+MODE_STARTUP = "startup"
+MODE_ALL = "all"
+MODE_CHANGED = "changed"
+MODE_PERIODIC = "periodic"
+MODES = (MODE_STARTUP, MODE_ALL, MODE_CHANGED, MODE_PERIODIC)
+
+ACTION_START = "start"
+ACTION_KEEP = "keep"
+ACTION_PRESERVE = "preserve"
+ACTION_STOP = "stop"
+
+
+@dataclass
+class PoolSpec:
+    """Everything a pool is built from; ``fingerprint`` covers all of it."""
+
+    namespace: str
+    install_id: str
+    status: str
+    payload_hash: str
+    drain_only: bool
+    fingerprint: str
+    projection_fingerprint: str
+    generation: int
+    scheduler_owner_id: str
+    fencing_token: str
+    degraded: str = ""
+
+
+@dataclass
+class PackDecision:
+    """What to do with one pack's pool; ``gap`` is set for an admission gap."""
+
+    key: str
+    namespace: str
+    install_id: str
+    action: str
+    reason: str = ""
+    gap: str = ""
+    pool: PoolSpec | None = None
+
+
+@dataclass
+class ReconcilePlan:
+    """Typed result of one reconcile.
+
+    ``decisions``: one per listed pack. ``blocked``/``degraded``: reason per
+    ``namespace/install id``. ``error``: a listing error or the startup
+    failure; ``fatal``: startup failed (start nothing, fail the fleet);
+    ``stop_all``: stop every pool (listing error under a serving selection).
+    """
+
+    decisions: list[PackDecision] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    fatal: bool = False
+    stop_all: bool = False
+
+
+def _msg(err: BaseException) -> str:
+    # Driver message only: no SQL text or bound parameters in reasons.
+    if isinstance(err, SQLAlchemyError):
+        return describe_error(err)
+    return str(err)
+
+
+class _Fatal(Exception):
+    """Internal: abort a startup plan."""
+
+
+# --- resolvers (the seed's injectable lister / loaders) -------------------------------
+
+
+def load_profiles(
+    row: ConnectorPackRow, selection: RuntimeServingSelection | None
+) -> list[CalloutProfile]:
+    """The profiles a pool may use (``runtimeServingProfileLoader`` under a selection).
+
+    Without a selection: every profile of the installed payload. Under one:
+    a drain-only generation is refused, and exactly the selected profiles are
+    loaded, each of whose credential references must be authorized by the
+    selection. Raises :class:`ServingSelectionError` naming pack and profile.
+    """
+    if selection is None:
+        return list(row.pack.callout_profiles)
+    refuse_drain_only(row.drain_only)
+    selected = selection.find_pack(row.namespace, row.install_id)
+    if selected is None:
+        raise ServingSelectionError(
+            "connector inbound supervisor: pack is outside Runtime serving selection"
+        )
+    by_name = {p.name.strip().lower(): p for p in row.pack.callout_profiles}
+    out = []
+    for sel in selected.callout_profiles:
+        profile = by_name.get(sel.name)
+        if profile is None:
+            raise ServingSelectionError(
+                f"load exact Runtime serving profile {row.namespace}/{sel.name}: "
+                "not in the installed payload"
+            )
+        selection.check_profile_credentials(
+            row.namespace, row.install_id, sel.name, [profile.credential_ref or ""]
+        )
+        out.append(profile)
+    return out
+
+
+def projection_fingerprint(engine: Engine, profiles: Sequence[CalloutProfile]) -> str:
+    """Fingerprint of the projected fields' current metadata (``resolveProjectionFP``).
+
+    For every (object kind, projection field) of every profile: the field's
+    ``FieldType`` and ``ColumnNames`` in ``_System_Field`` (``missing`` when
+    absent); sha256 of the sorted lines. ``""`` when no profile projects.
+    Database errors propagate (a read error, handled by the caller).
+    """
+    wanted = sorted(
+        {(kind, f) for p in profiles for kind in p.object_path_map for f in p.projection_fields}
+    )
+    if not wanted:
+        return ""
+    fm = t.field_meta
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(fm.c.ObjectApiName, fm.c.ApiName, fm.c.FieldType, fm.c.ColumnNames).where(
+                fm.c.ObjectApiName.in_(sorted({k for k, _ in wanted}))
+            )
+        ).all()
+    found = {(r.ObjectApiName, r.ApiName): f"{r.FieldType}:{r.ColumnNames}" for r in rows}
+    lines = [f"{k}.{f}={found.get((k, f), 'missing')}" for k, f in wanted]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def drain_eligible(engine: Engine, row: ConnectorPackRow) -> bool:
+    """A drain-only incarnation keeps a worker while its queue has non-terminal items."""
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        n = conn.execute(
+            select(func.count()).where(
+                w.c.InstalledPackId == row.install_id,
+                w.c.State.in_(workqueue.NON_TERMINAL_STATES),
+            )
+        ).scalar()
+    return bool(n)
+
+
+def still_installed(engine: Engine, install_id: str) -> bool:
+    """The incarnation is still installed (``active`` or ``draining``)."""
+    ip = t.installed_pack
+    with engine.connect() as conn:
+        status = conn.execute(select(ip.c.Status).where(ip.c.PackInstallId == install_id)).scalar()
+    return status in ("active", "draining")
+
+
+@dataclass
+class Resolvers:
+    """The seed's injectable lister / loaders; defaults read the real database."""
+
+    list_packs: Callable[[Engine, RuntimeServingSelection | None], DesiredSet] = desired_packs
+    activation: Callable[[Engine, str, str, str], admission.Activation] = (
+        admission.resolve_activation
+    )
+    drain_eligible: Callable[[Engine, ConnectorPackRow], bool] = drain_eligible
+    load_profiles: Callable[
+        [ConnectorPackRow, RuntimeServingSelection | None], list[CalloutProfile]
+    ] = load_profiles
+    projection_fingerprint: Callable[[Engine, Sequence[CalloutProfile]], str] = (
+        projection_fingerprint
+    )
+
+
+# --- the plan -------------------------------------------------------------------------
+
+
+def plan_reconcile(
+    engine: Engine,
+    *,
+    selection: RuntimeServingSelection | None,
+    knobs: ConnectorKnobs,
+    mode: str,
+    running: Mapping[str, str],
+    fleet_epoch: str,
+    env: Mapping[str, str] = os.environ,
+    resolvers: Resolvers | None = None,
+) -> ReconcilePlan:
+    """Plan one reconcile (see the module docstring for every rule).
+
+    ``running``: fingerprint per ``namespace/install id`` of the pools that
+    run now. ``fleet_epoch``: stands for the seed's host+pid in the scheduler
+    owner id and fencing token. Never raises for database errors: they are
+    outcomes. Raises ``ValueError`` for an unknown ``mode``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown reconcile mode {mode!r} (expected one of {', '.join(MODES)})")
+    r = resolvers or Resolvers()
+    plan = ReconcilePlan()
+    startup = mode == MODE_STARTUP
+    force = mode in (MODE_STARTUP, MODE_ALL)
+    # A serving selection is exact authority: never preserve on a read error.
+    preserve_on_read_error = mode == MODE_PERIODIC and selection is None
+    try:
+        desired = r.list_packs(engine, selection)
+    except Exception as exc:
+        plan.error = f"connector inbound supervisor: list connector packs: {describe_error(exc)}"
+        plan.fatal = startup
+        plan.stop_all = selection is not None and not startup
+        return plan
+    plan.blocked.update(desired.blocked)
+
+    try:
+        for row in desired.packs:
+            _plan_row(engine, row, plan, r, selection, knobs, startup, force,
+                      preserve_on_read_error, running, fleet_epoch, env)  # fmt: skip
+    except _Fatal as exc:
+        return ReconcilePlan(blocked=plan.blocked, error=str(exc), fatal=True)
+    return plan
+
+
+def _plan_row(
+    engine: Engine,
+    row: ConnectorPackRow,
+    plan: ReconcilePlan,
+    r: Resolvers,
+    selection: RuntimeServingSelection | None,
+    knobs: ConnectorKnobs,
+    startup: bool,
+    force: bool,
+    preserve_on_read_error: bool,
+    running: Mapping[str, str],
+    fleet_epoch: str,
+    env: Mapping[str, str],
+) -> None:
+    key = worker_key(row.namespace, row.install_id)
+    label = f"{row.namespace} ({row.install_id})"
+    current = running.get(key, "")
+
+    def decide(action: str, reason: str = "", gap: str = "", pool: PoolSpec | None = None) -> None:
+        plan.decisions.append(
+            PackDecision(key, row.namespace, row.install_id, action, reason, gap, pool)
+        )
+
+    def fail(phase: str, err: BaseException, gap: str = "") -> None:
+        # The seed: drain-only -> blockDrainOnlyWorker; startup -> stop what
+        # started and fail; otherwise the pool is stopped and the error reported.
+        reason = f"{phase}: {_msg(err)}"
+        if row.drain_only:
+            log.warning("connector inbound drain worker blocked", pack=key, reason=reason)
+        elif startup:
+            raise _Fatal(f"connector inbound supervisor: {phase} for {label}: {_msg(err)}")
+        else:
+            log.error("connector pack pool stopped", pack=key, reason=reason)
+        plan.blocked[key] = reason
+        decide(ACTION_STOP, reason, gap)
+
+    def preserve(phase: str, err: BaseException) -> None:
+        reason = f"preserving running pool after {phase} failed: {_msg(err)}"
+        log.warning("connector pack pool preserved", pack=key, reason=reason)
+        decide(ACTION_PRESERVE, reason)
+
+    try:
+        act = r.activation(engine, row.namespace, row.install_id, fleet_epoch)
+    except admission.AdmissionGap as exc:
+        fail("verify WorkItem readiness", exc, exc.kind)
+        return
+    except Exception as exc:  # a transient probe error keeps a running pool
+        if not startup and current:
+            preserve("WorkItem readiness probe", exc)
+        else:
+            fail("verify WorkItem readiness", exc)
+        return
+
+    if row.drain_only:
+        try:
+            eligible = r.drain_eligible(engine, row)
+        except Exception as exc:
+            fail("verify drain eligibility", exc)
+            return
+        if not eligible:
+            decide(ACTION_STOP, "drain-only generation has an empty queue")
+            return
+
+    try:
+        profiles = r.load_profiles(row, selection)
+    except ServingSelectionError as exc:
+        fail("load profiles", exc)
+        return
+    except Exception as exc:
+        if preserve_on_read_error and current:
+            preserve("periodic profile read", exc)
+        else:
+            fail("load profiles", exc)
+        return
+
+    projection = ""
+    if any(p.projection_fields for p in profiles):
+        try:
+            projection = r.projection_fingerprint(engine, profiles)
+        except Exception as exc:
+            if preserve_on_read_error and current:
+                preserve("periodic projection fingerprint read", exc)
+            else:
+                fail("resolve projection fingerprint", exc)
+            return
+
+    try:
+        batch = plan_batch(profiles, label)
+    except EnrichmentError as exc:
+        fail("resolve startup contract", exc)
+        return
+    if batch.degraded:
+        log.warning("connector pack enrichment degraded", pack=key, reason=batch.degraded)
+        plan.degraded[key] = batch.degraded
+
+    fingerprint = knobs.fingerprint(
+        row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only,
+        projection, act.generation, act.scheduler_owner_id, act.fencing_token,
+    )  # fmt: skip
+    pool = PoolSpec(
+        row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only,
+        fingerprint, projection, act.generation, act.scheduler_owner_id, act.fencing_token,
+        batch.degraded,
+    )  # fmt: skip
+    if not force and current == fingerprint:
+        decide(ACTION_KEEP, pool=pool)
+        return
+
+    if not batch.degraded:  # the payload-only fallback reads nothing: no credential
+        drain_ctx = (
+            DrainOnlyContext(
+                row.namespace, row.install_id, lambda: still_installed(engine, row.install_id)
+            )
+            if row.drain_only
+            else None
+        )
+        try:
+            validate_batch_credentials(batch, env, drain_ctx)
+        except PackInactiveError as exc:
+            if row.drain_only:
+                decide(ACTION_STOP, str(exc))
+                return
+            fail("validate batch credentials", exc)
+            return
+        except EnrichmentError as exc:
+            fail("validate batch credentials", exc)
+            return
+    decide(ACTION_START, pool=pool)

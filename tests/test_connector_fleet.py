@@ -1,0 +1,331 @@
+"""Issue 5 on a real Temporal dev server: reconcile kinds, typed outcomes in the
+fleet, the blocked / degraded status (query and CLI), and the bounded stop.
+
+Packs are installed by a real ApplyAll (whose RunRepair writes the WorkItem
+cutover receipt); the fleet runs the real activities against the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import delete, update
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.worker import Worker
+
+from nexuscrm.connectors import admission, workqueue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.controlplane import repair
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.test_cli import cli_env, invoke_async
+from tests.test_connector_runtime import (
+    connector_settings,
+    fast_fleet,
+    hook_events,
+    hook_pack,
+    install,
+    wait_drained,
+)
+from tests.test_connector_supervisor import DrainableWorker
+from workflows.connectors import ConnectorFleetWorkflow, PackSupervisorWorkflow
+from workflows.models import (
+    DesiredPack,
+    FleetInput,
+    FleetStatus,
+    ReconcileDecision,
+    ReconcileOutcome,
+    ReconcileRequest,
+)
+
+CRED = "NEXUS_CREDENTIAL_FLEET_CRED"
+
+
+def write_pack(path: Path, name: str, profiles: list[dict[str, Any]]) -> str:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "category": "ConnectorPack",
+                "depends_on": ["platform-core"],
+                "inbound_routes": [
+                    {"event_kind": "hook.event", "flow": "webhook", "webhook_url": "http://x/"}
+                ],
+                "callout_profiles": profiles,
+            }
+        )
+    )
+    return str(path)
+
+
+def profile(name: str = "batch", **kw: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "endpoint": "http://127.0.0.1:9/api",
+        "credential_ref": "fleet-cred",
+        "object_path_map": {"User": "/records/User"},
+        **kw,
+    }
+
+
+async def wait_status(
+    fleet: WorkflowHandle[Any, Any], ok: Callable[[FleetStatus], bool], timeout: float = 60
+) -> FleetStatus:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        st = await fleet.query("status", result_type=FleetStatus)
+        if ok(st):
+            return st
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"fleet status: {st}")
+        await asyncio.sleep(0.2)
+
+
+async def activity_types(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    history = await handle.fetch_history()
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+
+
+async def signal_names(client: Client, workflow_id: str) -> list[str]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+
+
+async def test_reconcile_kinds_clear_the_blocked_map_and_status_shows_it(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """Rule 1 + status: changed keeps, reconcile rebuilds, periodic wakes; all clear blocked."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    await install(
+        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
+    )
+    inp = fast_fleet(settings)
+    inp.reconcile_interval_seconds = 3600  # only signals reconcile here
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, inp)
+        await wait_status(fleet, lambda s: len(s.pools) == 1)
+        monkeypatch.delenv(CRED)
+        await fleet.signal("reconcile")  # rebuilds, so re-validates the credential
+        st = await wait_status(fleet, lambda s: bool(s.blocked))
+        ((key, reason),) = st.blocked.items()
+        assert key.startswith("cred-pack/") and CRED in reason and st.pools == []
+        out = await invoke_async(["connectors", "status"], cli_env(settings, temporal_env))
+        assert out.exit_code == 0, out.output
+        assert "not served or degraded" in out.output and "blocked" in out.output
+        assert CRED in out.output
+
+        monkeypatch.setenv(CRED, "s3cret")
+        await fleet.signal("reconcile_changed")
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        assert st.blocked == {}  # reconcile_changed cleared it
+        first = st.pools[0]
+
+        n = st.reconciles
+        await fleet.signal("reconcile_changed")
+        st = await wait_status(fleet, lambda s: s.reconciles > n)
+        assert [p.supervisor_workflow_id for p in st.pools] == [first.supervisor_workflow_id]
+
+        await fleet.signal("reconcile")
+        st = await wait_status(fleet, lambda s: s.reconciles > n + 1)
+        (rebuilt,) = st.pools
+        assert rebuilt.fingerprint == first.fingerprint
+        assert rebuilt.supervisor_workflow_id != first.supervisor_workflow_id
+        old = temporal_env.client.get_workflow_handle(first.supervisor_workflow_id)
+        assert await old.result() == "drained"
+
+        # A failure after start: the cutover receipt disappears -> the pool stops, fail closed.
+        engine = make_engine(settings.database_url)
+        with engine.begin() as conn:
+            conn.execute(
+                delete(t.bootstrap_state).where(
+                    t.bootstrap_state.c.StateKey == admission.CUTOVER_RECEIPT_KEY
+                )
+            )
+        await fleet.signal("reconcile_changed")
+        st = await wait_status(fleet, lambda s: s.pools == [] and bool(s.blocked))
+        assert "cutover is not ready" in st.blocked[key]
+        repair.run_repair(engine)
+        await fleet.signal("reconcile")  # "reconcile" clears the blocked map too
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        assert st.blocked == {}
+        await fleet.signal("stop")
+        await fleet.result()
+
+
+async def test_periodic_reconcile_recovers_identity_first_then_wakes_unchanged_pools(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """Rule 1: the timer reconcile runs identity recovery, then keeps and wakes the pool."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    await install(
+        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
+    )
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        pool = st.pools[0].supervisor_workflow_id
+        monkeypatch.delenv(CRED)  # a periodic reconcile does not rebuild, so never re-checks it
+        st = await wait_status(fleet, lambda s: s.reconciles >= 4)
+        assert [p.supervisor_workflow_id for p in st.pools] == [pool] and st.blocked == {}
+        await fleet.signal("stop")
+        await fleet.result()
+    types = await activity_types(fleet)
+    plan, recover = "connectors.reconcile_plan", "identity.recover"
+    assert types[:2] == [plan, recover]  # startup: reconcile, then recovery
+    periodic = types[2:]
+    assert len(periodic) >= 4 and periodic[0::2] == [recover] * len(periodic[0::2])
+    assert periodic[1::2] == [plan] * len(periodic[1::2])
+    assert "wake" in await signal_names(temporal_env.client, pool)
+
+
+async def test_startup_failure_fails_the_fleet_and_starts_nothing(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """Rule 4 + 7: at startup any error fails the fleet (all-or-nothing), naming the kinds."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    good = write_pack(tmp_path / "a.yaml", "good-pack", [profile()])
+    bad = write_pack(
+        tmp_path / "b.yaml", "bad-pack", [profile(required_object_kinds=["User", "Case"])]
+    )
+    await install(temporal_env, settings, [good, bad])
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        with pytest.raises(WorkflowFailureError) as info:
+            await fleet.result()
+    message = str(info.value.cause)
+    assert "connector fleet startup failed" in message
+    assert "bad-pack" in message and "requires batch coverage for Case" in message
+    types = await activity_types(fleet)
+    assert types == ["connectors.reconcile_plan"]
+    history = await fleet.fetch_history()
+    assert not [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    ]
+
+
+async def test_duplicate_coverage_shows_the_pack_degraded(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """Rule 7 + status: duplicate coverage runs payload-only and is reported as degraded."""
+    settings = connector_settings(settings)
+    monkeypatch.delenv(CRED, raising=False)  # payload-only needs no credential
+    dup = write_pack(tmp_path / "d.yaml", "dup-pack", [profile("one"), profile("two")])
+    await install(temporal_env, settings, [dup])
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        ((key, reason),) = st.degraded.items()
+        assert key.startswith("dup-pack/") and "User by one, two" in reason
+        assert st.pools[0].degraded == reason and st.blocked == {}
+        out = await invoke_async(["connectors", "status"], cli_env(settings, temporal_env))
+        assert "degraded" in out.output and "duplicate batch object coverage" in out.output
+        await fleet.signal("stop")
+        await fleet.result()
+
+
+# --- rule 10: stopping waits a bounded 5 s for the reconcile loop ------------------------
+
+
+class HangingPlanner:
+    """Stand-in reconcile activity: the first call starts one pool, later calls hang."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.hanging = asyncio.Event()
+
+    @activity.defn(name="connectors.reconcile_plan")
+    async def plan(self, req: ReconcileRequest) -> ReconcileOutcome:
+        self.calls += 1
+        if self.calls == 1:
+            pack = DesiredPack("hang-pack", "inst-1", "h", False, "f" * 64, 1, 10, "reserved")
+            return ReconcileOutcome([ReconcileDecision("hang-pack/inst-1", "hang-pack", "inst-1",
+                                                       "start", pack=pack)])  # fmt: skip
+        self.hanging.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("not reached")
+
+
+@activity.defn(name="identity.recover")
+async def recover(database_id: str) -> int:
+    return 0
+
+
+async def test_stop_waits_a_bounded_time_for_a_hung_reconcile_then_drains(temporal_env):
+    queue = f"fleet-{uuid.uuid4().hex[:6]}"
+    planner = HangingPlanner()
+    inp = FleetInput(database_id=f"db-{uuid.uuid4().hex[:6]}", reconcile_interval_seconds=3600)
+    async with Worker(
+        temporal_env.client,
+        task_queue=queue,
+        workflows=[ConnectorFleetWorkflow, PackSupervisorWorkflow, DrainableWorker],
+        activities=[planner.plan, recover],
+    ):
+        fleet = await temporal_env.client.start_workflow(
+            ConnectorFleetWorkflow.run, inp, id=f"fleet-{uuid.uuid4()}", task_queue=queue
+        )
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        await fleet.signal(ConnectorFleetWorkflow.reconcile)
+        await asyncio.wait_for(planner.hanging.wait(), 30)
+        await fleet.signal(ConnectorFleetWorkflow.stop)
+        await fleet.result()
+        pool = temporal_env.client.get_workflow_handle(st.pools[0].supervisor_workflow_id)
+        assert await pool.result() == "drained"
+    history = await fleet.fetch_history()
+    kinds = [e.event_type for e in history.events]
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in kinds
+    timers = [
+        e.timer_started_event_attributes.start_to_fire_timeout.ToSeconds()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]
+    assert inp.reconcile_stop_timeout_seconds == 5 and 5 in timers
+
+
+async def test_drain_only_generation_is_served_until_its_queue_is_empty(
+    temporal_env, settings, hook, tmp_path
+):
+    """Rule 6 end to end: a draining incarnation keeps a pool while it has work."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    workqueue.enqueue(engine, hook_events(pack.install_id, ["a", "b", "c"]))
+    with engine.begin() as conn:
+        conn.execute(
+            update(t.installed_pack)
+            .where(t.installed_pack.c.PackInstallId == pack.install_id)
+            .values(Status="draining")
+        )
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        st = await wait_status(fleet, lambda s: s.reconciles >= 1)
+        states = await wait_drained(engine)
+        assert states == {"succeeded": 3}
+        # The next periodic reconcile finds the queue empty and stops the pool, silently.
+        st = await wait_status(fleet, lambda s: s.pools == [])
+        assert st.blocked == {}
+        await fleet.signal("stop")
+        await fleet.result()
