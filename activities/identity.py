@@ -282,10 +282,12 @@ class IdentityActivities:
         """
         client = activity.client()
         packs: set[str] = set()
-        for key in req.wake_keys if self.direct_wake else []:
-            # The link is committed: its waiters go back to pending right here, so
-            # the wake costs one update, not a wait's probe-and-wake round trip.
-            by_pack = await asyncio.to_thread(workqueue.wake_blocked_by_pack, self.engine, key)
+        if self.direct_wake and req.wake_keys:
+            # The links are committed: their waiters go back to pending right here,
+            # in one transaction, not a wait's probe-and-wake round trip each.
+            by_pack = await asyncio.to_thread(
+                workqueue.wake_blocked_keys, self.engine, req.wake_keys
+            )
             packs.update(by_pack)
         fleet = client.get_workflow_handle(f"connector-fleet/{req.database_id}")
         for install_id in sorted(packs):

@@ -128,31 +128,36 @@ async def poll_loop(engine: Engine, client: Client, settings: Settings, every: f
         def scan() -> set[str]:
             with engine.connect() as conn:
                 keys = [r[0] for r in conn.execute(query)]
-            packs: set[str] = set()
-            for key in keys:
-                packs |= set(workqueue.wake_blocked_by_pack(engine, key))
-            return packs
+            return set(workqueue.wake_blocked_keys(engine, keys))  # one transaction
 
         for install_id in sorted(await asyncio.to_thread(scan)):
             await signal_fleet(client, settings, "wake", install_id)
 
 
 async def watch(
-    engine: Engine, lanes: dict[str, str], seen: dict[str, float], stop: asyncio.Event
+    engine: Engine,
+    lanes: dict[str, str],
+    seen: dict[str, float],
+    woken: dict[str, float],
+    stop: asyncio.Event,
 ) -> None:
-    """Record when each item (by source id) is first seen succeeded, every 50 ms."""
+    """Record when each item (by source id) is first seen succeeded, and when each
+    child is first seen out of ``blocked`` (woken), every 50 ms."""
     w = t.connector_work_item
-    query = select(w.c.SourceLaneKey).where(w.c.State == "succeeded")
+    query = select(w.c.SourceLaneKey, w.c.State).where(w.c.State != "blocked")
 
-    def rows() -> list[str]:
+    def rows() -> list[tuple[str, str]]:
         with engine.connect() as conn:
-            return [lanes[r[0]] for r in conn.execute(query) if r[0] in lanes]
+            return [(lanes[r[0]], r[1]) for r in conn.execute(query) if r[0] in lanes]
 
     while not stop.is_set():
-        ids = await asyncio.to_thread(rows)
+        got = await asyncio.to_thread(rows)
         now = time.perf_counter()
-        for sid in ids:
-            seen.setdefault(sid, now)
+        for sid, state in got:
+            if sid.startswith("c"):
+                woken.setdefault(sid, now)
+            if state == "succeeded":
+                seen.setdefault(sid, now)
         await asyncio.sleep(WATCH_S)
 
 
@@ -192,6 +197,7 @@ async def run(
     parents = [event(pack, "Account", f"a{k}", {"Name": f"Account {k}"}, {}) for k in range(n)]
     workqueue.enqueue(engine, children)
     seen: dict[str, float] = {}
+    woken: dict[str, float] = {}
     stop = asyncio.Event()
     fleet_input = FleetInput(
         database_id=settings.database_id,
@@ -221,7 +227,7 @@ async def run(
             workqueue.lane_key(e.namespace, e.source_object, e.source_id): e.source_id
             for e in children + parents
         }
-        watcher = asyncio.create_task(watch(engine, lanes, seen, stop))
+        watcher = asyncio.create_task(watch(engine, lanes, seen, woken, stop))
         workqueue.enqueue(engine, parents)
         await until(f"{2 * n} succeeded", lambda: count_state(engine, "succeeded") >= 2 * n)
         await asyncio.sleep(2 * WATCH_S)
@@ -232,6 +238,8 @@ async def run(
         await fleet.signal("stop")
         await fleet.result()
     engine.dispose()
+    wake = [woken[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
+    print(f"  (of which parent succeeded -> child woken: {summary(wake)})", flush=True)
     return [seen[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
 
 

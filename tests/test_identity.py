@@ -690,3 +690,18 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
         assert contacts == 0
         await fleet.signal("stop")
         await fleet.result()
+
+
+def test_wake_blocked_keys_wakes_every_key_once(settings):
+    """The post-commit direct wake of a batch's new links: every key's items go
+    pending in one call, counted per pack; a second wake of the same keys is a no-op."""
+    engine = queue_db(settings)
+    other = Dependency.record("Account", "second")
+    ids = block(engine, 2)
+    ids2 = block(engine, 1, other)
+    bystander = block(engine, 1, Dependency.record("Account", "not-woken"))
+    assert workqueue.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {"inst-1": 3}
+    assert {s for s, _c in states(engine, ids + ids2).values()} == {"pending"}
+    assert states(engine, bystander)[bystander[0]][0] == "blocked"
+    assert workqueue.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {}
+    assert workqueue.wake_blocked_keys(engine, []) == {}

@@ -1857,25 +1857,53 @@ def wake_blocked_by_pack(
     """Blocked items of ``key_hash`` -> ``pending`` (due now, Dependency* cleared).
 
     Returns woken items per installed pack id (empty when none was blocked:
-    a duplicate wake wakes nothing).
+    a duplicate wake wakes nothing). See :func:`wake_blocked_keys`.
     """
+    return wake_blocked_keys(engine, [key_hash], now=now)
+
+
+def wake_blocked_keys(
+    engine: Engine, key_hashes: Sequence[str], *, now: datetime | None = None
+) -> dict[str, int]:
+    """Blocked items of any of ``key_hashes`` -> ``pending``, in one transaction.
+
+    Returns woken items per installed pack id. A read first: when nothing is
+    blocked on these keys (a duplicate wake, or a wait whose rows the
+    finalizing batch already woke) no write transaction is opened, so a burst
+    of such wakes never queues behind the inbound writers. An item that blocks
+    after the read registers a wait of its own, whose first probe converges.
+    """
+    keys = sorted(set(key_hashes))
+    if not keys:
+        return {}
     when = _now(now)
-    with write_transaction(engine) as conn:
-        stmt = select(_w.c.WorkId, _w.c.InstalledPackId).where(
-            _w.c.DependencyKeyHash == key_hash, _w.c.State == STATE_BLOCKED
-        )
-        if dialect_name(conn) == "mysql":
-            stmt = stmt.with_for_update()
-        rows = conn.execute(stmt).all()
-        if not rows:
-            return {}
-        conn.execute(
-            _w.update()
-            .where(_w.c.WorkId.in_([r[0] for r in rows]), _w.c.State == STATE_BLOCKED)
-            .values(
-                State=STATE_PENDING, RunAfter=None, LastModifiedDate=when, **_CLEARED_DEPENDENCY
+
+    def blocked(conn: Connection, lock: bool) -> list[Any]:
+        rows: list[Any] = []
+        for start in range(0, len(keys), 500):
+            stmt = select(_w.c.WorkId, _w.c.InstalledPackId).where(
+                _w.c.DependencyKeyHash.in_(keys[start : start + 500]),
+                _w.c.State == STATE_BLOCKED,
             )
-        )
+            if lock and dialect_name(conn) == "mysql":
+                stmt = stmt.with_for_update()
+            rows.extend(conn.execute(stmt).all())
+        return rows
+
+    with engine.connect() as conn:
+        if not blocked(conn, lock=False):
+            return {}
+    with write_transaction(engine) as conn:
+        rows = blocked(conn, lock=True)
+        ids = [r[0] for r in rows]
+        for start in range(0, len(ids), 500):
+            conn.execute(
+                _w.update()
+                .where(_w.c.WorkId.in_(ids[start : start + 500]), _w.c.State == STATE_BLOCKED)
+                .values(
+                    State=STATE_PENDING, RunAfter=None, LastModifiedDate=when, **_CLEARED_DEPENDENCY
+                )
+            )
     out: dict[str, int] = {}
     for _work_id, pack in rows:
         out[pack] = out.get(pack, 0) + 1
