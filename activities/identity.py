@@ -228,25 +228,15 @@ class IdentityActivities:
             workqueue.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
         try:
             converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
-        except TimeoutError:
-            log.warning(
-                "identity convergence probe timed out",
-                dependency_key_hash=req.key_hash,
-                failure_class="probe_timeout",
-            )
-            raise ApplicationError(
-                PROBE_TIMED_OUT, type="IdentityProbeTimeout", non_retryable=True
-            ) from None
-        except Exception:
+        except Exception as exc:
             # Resolver errors may carry selectors: log the fixed class and the hash only.
-            log.warning(
-                "identity convergence probe failed",
-                dependency_key_hash=req.key_hash,
-                failure_class="resolver_error",
+            message, kind, failure_class = (
+                (PROBE_TIMED_OUT, "IdentityProbeTimeout", "probe_timeout")
+                if isinstance(exc, TimeoutError)
+                else (PROBE_FAILED, "IdentityProbeFailed", "resolver_error")
             )
-            raise ApplicationError(
-                PROBE_FAILED, type="IdentityProbeFailed", non_retryable=True
-            ) from None
+            log.warning(message, dependency_key_hash=req.key_hash, failure_class=failure_class)
+            raise ApplicationError(message, type=kind, non_retryable=True) from None
         return ProbeResult(converged=converged, items=items, invalid=n_invalid)
 
     @activity.defn(name="identity.expire")
