@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     controlplane_task_queue: str = ""
     connector_task_queue: str = ""
     identity_task_queue: str = ""
-    identity_probes_per_second: float = Field(default=20.0, gt=0)
+    identity_probes_per_second: float = 20.0
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"
@@ -100,6 +100,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"NEXUS_DATABASE_URL backend {backend!r} is not supported: use "
                 "sqlite:///path/to/file.db or mysql+pymysql://user:password@host:3306/db"
+            )
+        return v
+
+    @field_validator("identity_probes_per_second")
+    @classmethod
+    def _probe_rate(cls, v: float) -> float:
+        if not v > 0 or v != v or v == float("inf"):
+            raise ValueError(
+                f"NEXUS_IDENTITY_PROBES_PER_SECOND {v!r} must be a positive number "
+                "of probes per second"
             )
         return v
 

@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select, text, update
 from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -705,3 +706,15 @@ def test_wake_blocked_keys_wakes_every_key_once(settings):
     assert states(engine, bystander)[bystander[0]][0] == "blocked"
     assert workqueue.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {}
     assert workqueue.wake_blocked_keys(engine, []) == {}
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "nan", "inf"])
+def test_probe_rate_setting_must_be_positive(monkeypatch, raw):
+    """A probe rate that would stop (or unbound) every wait's probes is refused, by name."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("NEXUS_IDENTITY_PROBES_PER_SECOND", raw)
+    with pytest.raises(ValidationError, match="NEXUS_IDENTITY_PROBES_PER_SECOND"):
+        Settings()
+    monkeypatch.setenv("NEXUS_IDENTITY_PROBES_PER_SECOND", "2.5")
+    assert Settings().identity_probes_per_second == 2.5
