@@ -1,21 +1,20 @@
-"""Entry point: ``python worker.py`` runs the nexusctl worker (settings from NEXUS_* env)."""
+"""Entry point: ``python worker.py`` runs the nexusctl worker (settings from NEXUS_* env).
+
+The same as ``nexusctl worker``: bad settings print one ``error:`` line and
+exit 1, Ctrl-C or SIGTERM stops the worker.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import sys
 
-from nexuscrm.log import configure_logging
-from nexuscrm.settings import Settings
-from nexusctl.worker import run_worker
+from nexusctl.cli import main as cli_main
 
 
 def main() -> None:
-    """Configure logging from settings and run the worker until interrupted."""
-    settings = Settings()
-    configure_logging(settings.log_format, settings.log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_worker(settings))
+    """Run ``nexusctl worker`` with this script's arguments."""
+    sys.argv = ["nexusctl", "worker", *sys.argv[1:]]
+    cli_main()
 
 
 if __name__ == "__main__":

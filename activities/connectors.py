@@ -179,6 +179,27 @@ class ConnectorActivities:
             wake_keys=sorted(outcome.wake_keys),
         )
 
+    @activity.defn(name="connectors.drain_orphan_pools")
+    async def drain_orphan_pools(self, database_id: str) -> list[str]:
+        """Drain every running PackSupervisor of ``database_id``; returns their ids.
+
+        Run once when a fleet starts fresh (not after continue-as-new): pools
+        outlive their fleet by design (ABANDON), so a fleet that was terminated
+        and started again would otherwise serve each pack twice.
+        """
+        client = activity.client()
+        query = (
+            "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
+            f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
+        )
+        drained: list[str] = []
+        async for wf in client.list_workflows(query):
+            await client.get_workflow_handle(wf.id, run_id=wf.run_id).signal("drain")
+            drained.append(wf.id)
+        if drained:
+            log.warning("orphaned connector pools drained", pools=drained)
+        return drained
+
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""
-        return [self.reconcile_plan, self.claim, self.process]
+        return [self.reconcile_plan, self.claim, self.process, self.drain_orphan_pools]

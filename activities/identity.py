@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -58,7 +59,8 @@ def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
 
     MAX_WAIT_SECONDS (1800; ``<= 0`` disables expiry), PROBE_INTERVAL_SECONDS
     (5), MAX_PROBE_INTERVAL_SECONDS (60), PROBE_TIMEOUT_SECONDS (5). An
-    unparsable value keeps the default (logged).
+    unparsable or non-finite value keeps the default (logged, as the seed's
+    knobs do); a non-positive probe interval or timeout keeps the default.
     """
     cfg = IdentityWaitConfig()
     for name, attr in (
@@ -71,9 +73,13 @@ def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
         if not raw:
             continue
         try:
-            setattr(cfg, attr, float(raw))
+            value = float(raw)
         except ValueError:
+            value = math.nan
+        if not math.isfinite(value):  # inf overflows the timers; nan would disable expiry
             log.warning("identity wait setting ignored", name=ENV_PREFIX + name, value=raw)
+            continue
+        setattr(cfg, attr, value)
     if cfg.probe_timeout_seconds <= 0:
         cfg.probe_timeout_seconds = IdentityWaitConfig.probe_timeout_seconds
     if cfg.probe_interval_seconds <= 0:

@@ -45,7 +45,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 from typer.core import TyperGroup
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import handoff, serving, workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.controlplane import markers
@@ -316,7 +316,10 @@ def _no_database(settings: Settings) -> str:
 
 
 def _check_database(settings: Settings) -> None:
-    """Connect once, so a wrong URL or password fails before anything starts."""
+    """Connect once, so a wrong URL or password fails before anything starts; and
+    refuse the Runtime handoff role without a serving selection (the seed's start check)."""
+    selection = serving.load(settings.serving_selection) if settings.serving_selection else None
+    handoff.require_serving_selection(settings.connector_role, selection)
     engine = _engine(settings)
     try:
         with engine.connect():
@@ -508,11 +511,6 @@ async def _warn_competing_workers(settings: Settings) -> None:
             f"{len(pollers)} worker(s) already poll task queue {settings.controlplane_task_queue} "
             f"there ({who}): they compete with this one for database {settings.database_id}'s "
             "work; stop them or run only one worker per database"
-        )
-    else:
-        _warn(
-            f"another worker on {settings.temporal_address} for the same database "
-            f"({settings.database_id}) would compete with this one; run one worker per database"
         )
 
 
@@ -1157,7 +1155,11 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
     settings = _settings()
     row = _connector_pack(settings, pack)
     requests = []
-    for n, line in enumerate(file.read_text().splitlines(), start=1):
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as exc:
+        _fail(f"events file {file}: {exc.strerror or exc}")
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -1230,12 +1232,20 @@ def connectors_status() -> None:
         return
     stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
 
+    problem: str | None = None
+
     async def pools() -> tuple[dict[str, SupervisorStatus], FleetStatus | None]:
+        nonlocal problem
         try:
             client = await connect(settings)
             handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
             fleet = await handle.query("status", result_type=FleetStatus, rpc_timeout=QUERY_TIMEOUT)
-        except Exception:
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                problem = expected_failure(exc) or str(exc)
+            return {}, None
+        except Exception as exc:  # the table is still worth printing; the command fails
+            problem = expected_failure(exc) or f"{type(exc).__name__}: {exc}"
             return {}, None
         out: dict[str, SupervisorStatus] = {}
         for pool in fleet.pools:
@@ -1268,6 +1278,16 @@ def connectors_status() -> None:
     console.print(table)
     if fleet is not None:
         _print_fleet_problems(fleet)
+    elif problem is None:
+        console.print(
+            f"no connector fleet runs for database {settings.database_id} "
+            "(start it with `nexusctl connectors start`)"
+        )
+    else:
+        # "not running" above may be wrong: the fleet's own answer is unknown.
+        _fail(
+            f"cannot query the connector fleet {fleet_workflow_id(settings.database_id)}: {problem}"
+        )
 
 
 def _print_fleet_problems(fleet: FleetStatus) -> None:

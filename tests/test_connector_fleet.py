@@ -191,8 +191,9 @@ async def test_periodic_reconcile_recovers_identity_first_then_wakes_unchanged_p
         await fleet.result()
     types = await activity_types(fleet)
     plan, recover = "connectors.reconcile_plan", "identity.recover"
-    assert types[:2] == [plan, recover]  # startup: reconcile, then recovery
-    periodic = types[2:]
+    # startup: orphaned pools drained, reconcile, then recovery
+    assert types[:3] == ["connectors.drain_orphan_pools", plan, recover]
+    periodic = types[3:]
     assert len(periodic) >= 4 and periodic[0::2] == [recover] * len(periodic[0::2])
     assert periodic[1::2] == [plan] * len(periodic[1::2])
     assert "wake" in await signal_names(temporal_env.client, pool)
@@ -217,7 +218,7 @@ async def test_startup_failure_fails_the_fleet_and_starts_nothing(
     assert "connector fleet startup failed" in message
     assert "bad-pack" in message and "requires batch coverage for Case" in message
     types = await activity_types(fleet)
-    assert types == ["connectors.reconcile_plan"]
+    assert types == ["connectors.drain_orphan_pools", "connectors.reconcile_plan"]
     history = await fleet.fetch_history()
     assert not [
         e
@@ -273,6 +274,11 @@ async def recover(database_id: str) -> int:
     return 0
 
 
+@activity.defn(name="connectors.drain_orphan_pools")
+async def no_orphans(database_id: str) -> list[str]:
+    return []
+
+
 async def test_stop_waits_a_bounded_time_for_a_hung_reconcile_then_drains(temporal_env):
     queue = f"fleet-{uuid.uuid4().hex[:6]}"
     planner = HangingPlanner()
@@ -281,7 +287,7 @@ async def test_stop_waits_a_bounded_time_for_a_hung_reconcile_then_drains(tempor
         temporal_env.client,
         task_queue=queue,
         workflows=[ConnectorFleetWorkflow, PackSupervisorWorkflow, DrainableWorker],
-        activities=[planner.plan, recover],
+        activities=[planner.plan, recover, no_orphans],
     ):
         fleet = await temporal_env.client.start_workflow(
             ConnectorFleetWorkflow.run, inp, id=f"fleet-{uuid.uuid4()}", task_queue=queue
@@ -329,3 +335,96 @@ async def test_drain_only_generation_is_served_until_its_queue_is_empty(
         assert st.blocked == {}
         await fleet.signal("stop")
         await fleet.result()
+
+
+async def test_hand_typed_signals_without_input_never_fail_the_fleet_or_a_wait(
+    temporal_env, settings
+):
+    """``temporal workflow signal --name wake`` without ``--input`` (the README's
+    identity-wait form, typed at the fleet) wakes every pool; the fleet keeps
+    answering its ``status`` query and reconciling. A bare ``register`` to a
+    wait is harmless too."""
+    from nexuscrm.connectors.identity import Dependency, wait_workflow_id
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+    from workflows.identity import IdentityWaitWorkflow
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    client = temporal_env.client
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        for _ in range(100):
+            if (await fleet.query(ConnectorFleetWorkflow.status)).pools:
+                break
+            await asyncio.sleep(0.1)
+        before = await fleet.query(ConnectorFleetWorkflow.status)
+        await fleet.signal("wake")  # no install id
+        await fleet.signal("reconcile_changed")
+        for _ in range(50):
+            now = await fleet.query(ConnectorFleetWorkflow.status)
+            if now.reconciles > before.reconciles:
+                break
+            await asyncio.sleep(0.1)
+        assert now.reconciles > before.reconciles
+        assert [p.install_id for p in now.pools] == [p.install_id for p in before.pools]
+
+        dep = Dependency.record("Account", "hand-typed")
+        from activities.identity import start_wait
+        from workflows.models import IdentityWaitConfig
+
+        await start_wait(
+            client,
+            database_id=settings.database_id,
+            task_queue=settings.identity_task_queue,
+            dependency=dep,
+            work_ids=[],
+            config=IdentityWaitConfig(probe_interval_seconds=60),
+        )
+        wait = client.get_workflow_handle(wait_workflow_id(settings.database_id, dep.key_hash))
+        await wait.signal("register")
+        status = await wait.query(IdentityWaitWorkflow.status)
+        assert status.items == []
+        await wait.terminate()
+        await fleet.signal("stop")
+        await fleet.result()
+
+
+async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
+    temporal_env, settings
+):
+    """Pools outlive their fleet (ABANDON, for continue-as-new). When an operator
+    terminates the fleet and starts it again, the new fleet drains the old pools
+    before it starts its own: each pack is served by one pool, not two."""
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    client = temporal_env.client
+    query = (
+        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
+        f"AND WorkflowId STARTS_WITH 'connector/{settings.database_id}/'"
+    )
+
+    async def running_pools() -> list[str]:
+        return [wf.id async for wf in client.list_workflows(query)]
+
+    async with build_connector_worker(client, settings):
+        first = await start_fleet(client, settings, fast_fleet(settings))
+        for _ in range(100):
+            old = await running_pools()
+            if old:
+                break
+            await asyncio.sleep(0.2)
+        assert len(old) == 1
+        await first.terminate("operator")
+        second = await start_fleet(client, settings, fast_fleet(settings))
+        now: list[str] = []
+        for _ in range(100):
+            now = await running_pools()
+            if len(now) == 1 and now != old:
+                break
+            await asyncio.sleep(0.2)
+        assert len(now) == 1 and now != old, (old, now)
+        assert await client.get_workflow_handle(old[0]).result() == "drained"
+        await second.signal("stop")
+        await second.result()

@@ -61,3 +61,37 @@ async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
         assert await supervisor.result() == "drained"
         await fleet.signal("stop")
         await fleet.result()
+
+
+async def test_status_and_enqueue_fail_with_one_line_when_they_cannot_do_their_job(
+    temporal_env, settings, tmp_path
+):
+    """`connectors status` against an unreachable Temporal still prints the queue
+    table but exits 1 naming the problem (never a silent "not running"); with no
+    fleet it says so and exits 0; `events enqueue` of a missing file is one
+    `error:` line."""
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "COLUMNS": "300",
+    }
+    runner = CliRunner()
+    ok = await asyncio.to_thread(runner.invoke, app, ["connectors", "status"], env=env)
+    assert ok.exit_code == 0, ok.output
+    assert "no connector fleet runs" in ok.output
+    down = {**env, "NEXUS_TEMPORAL_ADDRESS": "127.0.0.1:1"}
+    bad = await asyncio.to_thread(runner.invoke, app, ["connectors", "status"], env=down)
+    assert bad.exit_code == 1, bad.output
+    assert "salesforce-sync" in bad.output  # the database part is still shown
+    assert "cannot query the connector fleet" in bad.output
+    assert "cannot reach Temporal" in bad.output
+    missing = tmp_path / "nope.jsonl"
+    res = await asyncio.to_thread(runner.invoke, app, ["events", "enqueue", str(missing)], env=env)
+    assert res.exit_code == 1
+    assert f"events file {missing}" in res.output and "Traceback" not in res.output

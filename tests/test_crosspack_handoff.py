@@ -190,7 +190,7 @@ def test_cross_pack_event_fails_when_its_frozen_companion_is_not_active(engine, 
     (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     ip = t.installed_pack
     if change == "removed":
-        packs_apply.remove_pack(engine, "gizmo-app")
+        packs_apply.remove_pack(engine, "gizmo-app", force=True)
     else:
         values = (
             {"PackInstallId": str(uuid.uuid4())}
@@ -217,7 +217,7 @@ def test_cross_pack_event_retries_while_its_companion_is_being_applied(engine):
 
 
 def test_cross_pack_event_enqueued_without_an_active_companion_fails_closed(engine):
-    packs_apply.remove_pack(engine, "gizmo-app")
+    packs_apply.remove_pack(engine, "gizmo-app", force=True)
     (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     packs_apply.mark_pack_status(engine, "gizmo-app", "active")  # back, but not frozen
     run(engine)
@@ -226,9 +226,24 @@ def test_cross_pack_event_enqueued_without_an_active_companion_fails_closed(engi
 
 def test_route_without_companion_is_not_checked(engine):
     (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=1)]).work_ids
-    packs_apply.remove_pack(engine, "gizmo-app")
+    packs_apply.remove_pack(engine, "gizmo-app", force=True)
     run(engine)
     assert item_state(engine, work_id) == ("succeeded", None)
+
+
+def test_a_pack_others_depend_on_cannot_be_removed(engine):
+    """Removing the companion AppPack while the connector pack depends on it would
+    fail every later ApplyAll's plan: refused, naming the dependent."""
+    from nexuscrm.errors import PackError
+
+    with pytest.raises(PackError, match=r"dependency of installed pack\(s\) xsync; remove"):
+        packs_apply.remove_pack(engine, "gizmo-app")
+    ip = t.installed_pack
+    with engine.connect() as conn:
+        status = conn.execute(select(ip.c.Status).where(ip.c.Name == "gizmo-app")).scalar_one()
+    assert status == "active"
+    packs_apply.remove_pack(engine, "xsync")  # the dependent first, then it
+    assert packs_apply.remove_pack(engine, "gizmo-app") == "active"
 
 
 def test_companion_pack_must_be_a_dependency(tmp_path):
@@ -522,3 +537,25 @@ async def test_handoff_role_fleet_hands_off_and_does_no_identity_recovery(
     else:
         assert item_state(engine, handed) == ("failed", "runtime-handoff-unavailable")
         assert commands(engine) == []
+
+
+def test_worker_script_refuses_handoff_without_selection_in_one_line(tmp_path):
+    """`python worker.py` is `nexusctl worker`: the handoff role without a serving
+    selection is refused before it connects anywhere, as one `error:` line."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "NEXUS_DATABASE_URL": f"sqlite:///{tmp_path}/w.db",
+        "NEXUS_CONNECTOR_ROLE": "handoff",
+        "NEXUS_TEMPORAL_ADDRESS": "127.0.0.1:1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(root / "worker.py")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Runtime handoff requires a serving selection" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -718,3 +718,23 @@ def test_probe_rate_setting_must_be_positive(monkeypatch, raw):
         Settings()
     monkeypatch.setenv("NEXUS_IDENTITY_PROBES_PER_SECOND", "2.5")
     assert Settings().identity_probes_per_second == 2.5
+
+
+def test_identity_env_settings_keep_defaults_for_unusable_values():
+    """``inf`` would overflow a wait's timers and ``nan`` would silently disable
+    expiry: both, like unparsable values, keep the default (and are logged)."""
+    from activities.identity import ENV_PREFIX, config_from_env
+
+    default = IdentityWaitConfig()
+    env = {
+        ENV_PREFIX + "PROBE_INTERVAL_SECONDS": "inf",
+        ENV_PREFIX + "MAX_WAIT_SECONDS": "nan",
+        ENV_PREFIX + "MAX_PROBE_INTERVAL_SECONDS": "abc",
+        ENV_PREFIX + "PROBE_TIMEOUT_SECONDS": "-1",
+    }
+    got = config_from_env(env)
+    assert got.probe_interval_seconds == default.probe_interval_seconds
+    assert got.max_wait_seconds == default.max_wait_seconds
+    assert got.max_probe_interval_seconds == default.max_probe_interval_seconds
+    assert got.probe_timeout_seconds == default.probe_timeout_seconds
+    assert config_from_env({ENV_PREFIX + "MAX_WAIT_SECONDS": "0"}).max_wait_seconds == 0

@@ -286,7 +286,8 @@ def test_check_pack_row_digest_mismatch(selection: RuntimeServingSelection) -> N
     with pytest.raises(ServingSelectionError) as info:
         selection.check_pack_row("acme", "0Ap1", True, "sha256:abd")
     assert str(info.value) == (
-        PREFIX + "selected Runtime serving pack acme (0Ap1) payload digest does not match"
+        PREFIX + "selected Runtime serving pack acme (0Ap1) payload digest does not match "
+        "(selected sha256:abc, installed sha256:abd)"
     )
 
 

@@ -58,6 +58,9 @@ with workflow.unsafe.imports_passed_through():
         WorkerStatus,
     )
 
+# A fleet ``wake`` without an install id wakes every pool.
+WAKE_ALL = "*"
+
 # Wakes arriving within this window are forwarded as one.
 WAKE_COALESCE = timedelta(milliseconds=200)
 
@@ -398,16 +401,20 @@ class ConnectorFleetWorkflow:
         self.stopping = True
 
     @workflow.signal
-    def wake(self, install_id: str) -> None:
-        """Wake the pool serving ``install_id`` (a no-op when none runs; coalesced)."""
-        self.wake_targets.add(install_id)
+    def wake(self, install_id: str = "") -> None:
+        """Wake the pool serving ``install_id`` (a no-op when none runs; coalesced).
+
+        Without an argument (a hand-typed ``temporal workflow signal`` without
+        ``--input``), every pool is woken: a signal must never fail the fleet.
+        """
+        self.wake_targets.add(install_id or WAKE_ALL)
 
     async def _forward_wakes(self) -> None:
         while not self.stopping:
             await workflow.wait_condition(lambda: bool(self.wake_targets) or self.stopping)
             targets, self.wake_targets = self.wake_targets, set()
             for pack in list(self.running.values()):
-                if pack.install_id in targets and not self.stopping:
+                if (pack.install_id in targets or WAKE_ALL in targets) and not self.stopping:
                     await self._signal(pack, "wake")
             await workflow.sleep(WAKE_COALESCE)
 
@@ -586,6 +593,13 @@ class ConnectorFleetWorkflow:
 
     async def _cycle(self, mode: str) -> None:
         if mode == MODE_STARTUP:
+            if not self.running:  # a fresh fleet: pools of an earlier one still run
+                await workflow.execute_activity_method(
+                    ConnectorActivities.drain_orphan_pools,
+                    self.inp.database_id,
+                    start_to_close_timeout=timedelta(seconds=60),
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                )
             await self._reconcile(mode)
             # Startup recovery is not a readiness gate (the seed defers its errors).
             await self._recover_waits()

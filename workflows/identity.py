@@ -69,9 +69,11 @@ class IdentityWaitWorkflow:
         self.next_probe: datetime | None = None
 
     @workflow.signal
-    def register(self, work_ids: list[str]) -> None:
-        """Items blocked on this dependency (after their block committed)."""
-        self.items.update(work_ids)
+    def register(self, work_ids: list[str] | None = None) -> None:
+        """Items blocked on this dependency (after their block committed).
+
+        Without an argument it only makes the next probe re-read the rows."""
+        self.items.update(work_ids or [])
         self.registrations += 1
 
     @workflow.signal

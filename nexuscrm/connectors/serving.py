@@ -17,7 +17,7 @@ enumerates the global installed-pack or callout-profile inventory. The seed's
 File shape (JSON, or the same in YAML)::
 
     {"packs": [{"namespace": "acme", "installed_pack_id": "0Ap1",
-                "payload_digest": "sha256:...",
+                "payload_digest": "<the pack's PayloadHash: 64 hex digits>",
                 "inbound_routes": [{"event_kind": "account.upsert", "route_version": 3}],
                 "callout_profiles": [{"name": "crm", "credential_refs": ["cred-a"]}]}]}
 
@@ -299,7 +299,8 @@ class RuntimeServingSelection(BaseModel):
         if payload_hash != selected.payload_digest:
             raise _fail(
                 f"selected Runtime serving pack {selected.namespace} "
-                f"({selected.installed_pack_id}) payload digest does not match"
+                f"({selected.installed_pack_id}) payload digest does not match "
+                f"(selected {selected.payload_digest}, installed {payload_hash})"
             )
 
     def check_profile_credentials(

@@ -9,6 +9,7 @@ version stamp and the next pack re-reads the catalog).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -417,12 +418,14 @@ def mark_pack_status(engine: Engine, name: str, status: str) -> None:
         )
 
 
-def remove_pack(engine: Engine, name: str) -> str:
+def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
     """Mark an installed App/Connector pack ``removed``; return its previous status.
 
     Tables, columns and data stay (schema changes are additive, as in the
     seed); later ApplyAll runs no longer reapply the pack and the connector
-    fleet drains its pool. Raises ``PackError`` for an unknown or platform pack.
+    fleet drains its pool. Raises ``PackError`` for an unknown or platform pack,
+    or one that another installed pack depends on (unless ``force``: a host
+    that removes the dependents next, or a test of what they do meanwhile).
     """
     with engine.begin() as conn:
         row = conn.execute(
@@ -435,6 +438,22 @@ def remove_pack(engine: Engine, name: str) -> str:
         if row.Category not in {c.value for c in INSTALLED_CATEGORIES}:
             raise PackError(
                 name, f"is a {row.Category} pack; only app and connector packs can be removed"
+            )
+        # A removed dependency would fail every later ApplyAll's plan: refuse now.
+        ip = t.installed_pack
+        dependents = sorted(
+            other
+            for other, payload in conn.execute(
+                select(ip.c.Name, ip.c.Payload).where(
+                    ip.c.Name != name, ip.c.Status.in_(("active", "installing", "draining"))
+                )
+            ).all()
+            if name in (json.loads(payload or "{}").get("depends_on") or ())
+        )
+        if dependents and not force:
+            raise PackError(
+                name,
+                f"is a dependency of installed pack(s) {', '.join(dependents)}; remove them first",
             )
         conn.execute(
             update(t.installed_pack)
