@@ -151,20 +151,18 @@ class SQLOutboundEchoProbe:
                 )
                 .order_by(_ow.c.WrittenAt, _ow.c.WriteId)
             ).all()
-        writes: dict[tuple[str, str, str, str, str], list[str]] = {}
+        if not rows:  # the usual case: nothing was written out to these records
+            return {}
+        writes: dict[tuple[str, str, str, str], dict[str, list[str]]] = {}
         for r in rows:
-            key = (r.ConnectorOwnerKey, r.Namespace, r.ObjectName.lower(), r.RemoteId, r.FieldsHash)
-            writes.setdefault(key, []).append(r.WriteId)
+            key = (r.ConnectorOwnerKey, r.Namespace, r.ObjectName.lower(), r.RemoteId)
+            writes.setdefault(key, {}).setdefault(r.FieldsHash, []).append(r.WriteId)
         out: dict[str, str] = {}
         for c in candidates:
-            key = (
-                c.owner_key,
-                c.namespace,
-                c.object_name.lower(),
-                c.remote_id,
-                fields_hash(c.fields),
-            )
-            ids = writes.get(key)
+            by_hash = writes.get((c.owner_key, c.namespace, c.object_name.lower(), c.remote_id))
+            if not by_hash:
+                continue  # hash only the fields of a record that was written out
+            ids = by_hash.get(fields_hash(c.fields))
             if ids:
                 out[c.work_id] = ids.pop(0)
         return out
