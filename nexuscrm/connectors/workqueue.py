@@ -898,29 +898,19 @@ def _claim(
     classes = _normalize_classes(queue_classes)
     preferred = _normalize_classes(preferred_queue_classes)
     with _serialized(engine, _claim_lock_name(installed_pack_id)) as conn:
-        live_targets = (
-            conn.execute(
-                select(_w.c.TargetMutationLaneKey).where(
-                    _w.c.InstalledPackId == installed_pack_id,
-                    _w.c.State == STATE_PROCESSING,
-                    _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
-                    _w.c.LeaseUntil >= when,
-                )
-            )
-            .scalars()
-            .all()
-        )
-        # The seed's pressure: every processing row that is not parked counts,
-        # stale ones too; re-leasing a stale row adds nothing, so only new
-        # items are held to the room left.
-        held = conn.execute(
-            select(func.count()).where(
+        # One read of the pack's processing rows gives both the live target lanes
+        # and the seed's pressure: every processing row that is not parked counts,
+        # stale ones too (re-leasing a stale row adds nothing, so only new items
+        # are held to the room left). Parked rows have no lease, so never live.
+        processing = conn.execute(
+            select(_w.c.TargetMutationLaneKey, _w.c.LeaseUntil, _case(_parked(_w))).where(
                 _w.c.InstalledPackId == installed_pack_id,
                 _w.c.State == STATE_PROCESSING,
                 _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
-                ~_parked(_w),
             )
-        ).scalar_one()
+        ).all()
+        live_targets = [r[0] for r in processing if r[1] is not None and r[1] >= when]
+        held = sum(1 for r in processing if not r[2])
         room = max_processing_rows - int(held)
         picked = _pick(
             conn,
