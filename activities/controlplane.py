@@ -19,8 +19,8 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from nexuscrm import catalog
 from nexuscrm.controlplane import (
-    catalog,
     derived,
     indexes,
     lease,

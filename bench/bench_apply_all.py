@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
-from nexuscrm.controlplane import catalog
+from nexuscrm import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.settings import Settings

@@ -22,9 +22,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
+from nexuscrm import catalog
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.controlplane import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR

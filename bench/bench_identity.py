@@ -45,9 +45,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 import activities.identity as identity_acts
+from nexuscrm import catalog
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.controlplane import catalog
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging

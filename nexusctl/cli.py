@@ -45,11 +45,11 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 from typer.core import TyperGroup
 
+from nexuscrm.catalog import object_table
 from nexuscrm.connectors import handoff, serving, workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.controlplane import markers
-from nexuscrm.controlplane.catalog import object_table
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
-from nexuscrm.controlplane import catalog
+from nexuscrm import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, temporal_binary

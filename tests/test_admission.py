@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import Engine, delete, text, update
 from sqlalchemy.engine import make_url
 
+from nexuscrm import cutover
 from nexuscrm.connectors import admission
 from nexuscrm.connectors import workqueue as wq
 from nexuscrm.controlplane import markers, repair
@@ -45,7 +46,7 @@ def enqueue(engine: Engine, n: int) -> None:
 
 
 def receipt(engine: Engine) -> str | None:
-    marker = markers.read(engine, admission.CUTOVER_RECEIPT_KEY)
+    marker = markers.read(engine, cutover.CUTOVER_RECEIPT_KEY)
     return marker.status if marker else None
 
 
@@ -72,22 +73,22 @@ def test_cutover_receipt_is_written_by_repair_and_required_for_admission(engine)
 
 def test_schema_probe_tells_a_missing_column_or_table_from_a_transient_error(engine, tmp_path):
     repair.run_repair(engine)
-    admission.probe_claim_schema(engine)  # complete schema: no error
+    cutover.probe_claim_schema(engine)  # complete schema: no error
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE _System_ConnectorWorkAttempt DROP COLUMN CauseElementName"))
     gap = r"_System_ConnectorWorkAttempt.*CauseElementName"
-    with pytest.raises(admission.SchemaGap, match=gap):
+    with pytest.raises(cutover.SchemaGap, match=gap):
         admission.resolve_activation(engine, "sf", PACK, "epoch")
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE _System_ConnectorWorkAttempt"))
-    with pytest.raises(admission.SchemaGap, match="_System_ConnectorWorkAttempt"):
-        admission.probe_claim_schema(engine)
+    with pytest.raises(cutover.SchemaGap, match="_System_ConnectorWorkAttempt"):
+        cutover.probe_claim_schema(engine)
     # A database that cannot be reached is not a gap: a later reconcile retries.
     if engine.dialect.name == "sqlite":
         bad = make_engine(f"sqlite:///{tmp_path}")  # a directory: cannot be opened
     else:
         bad = make_engine(make_url(str(engine.url)).set(port=1).render_as_string(False))
-    with pytest.raises(admission.AdmissionProbeError) as info:
+    with pytest.raises(cutover.AdmissionProbeError) as info:
         admission.resolve_activation(bad, "sf", PACK, "epoch")
     assert not isinstance(info.value, admission.AdmissionGap)
 
@@ -127,7 +128,7 @@ def test_other_pack_generation_is_not_mixed_in(engine):
 
 def test_auto_start_applies_a_completed_database_that_lacks_the_receipt(engine):
     """An upgraded database (completed before the receipt existed) gets one ApplyAll."""
-    assert markers.CONNECTOR_CUTOVER_KEY == admission.CUTOVER_RECEIPT_KEY
+    assert markers.CONNECTOR_CUTOVER_KEY == cutover.CUTOVER_RECEIPT_KEY
     repair.run_repair(engine)
     with engine.begin() as conn:
         markers.mark(conn, markers.MarkerStatus.completed, "run-1", "done")
@@ -135,7 +136,7 @@ def test_auto_start_applies_a_completed_database_that_lacks_the_receipt(engine):
     with engine.begin() as conn:
         conn.execute(
             delete(t.bootstrap_state).where(
-                t.bootstrap_state.c.StateKey == admission.CUTOVER_RECEIPT_KEY
+                t.bootstrap_state.c.StateKey == cutover.CUTOVER_RECEIPT_KEY
             )
         )
     decision = markers.classify_auto_start(engine)

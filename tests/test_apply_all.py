@@ -18,7 +18,8 @@ from sqlalchemy import inspect, select, text
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from nexuscrm.controlplane import catalog, markers
+from nexuscrm import catalog
+from nexuscrm.controlplane import markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings

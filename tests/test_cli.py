@@ -33,7 +33,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
-from nexuscrm.controlplane import catalog, markers, verify
+from nexuscrm import catalog
+from nexuscrm.controlplane import markers, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging

@@ -21,7 +21,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
-from nexuscrm.connectors import admission, workqueue
+from nexuscrm import cutover
+from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
@@ -157,7 +158,7 @@ async def test_reconcile_kinds_clear_the_blocked_map_and_status_shows_it(
         with engine.begin() as conn:
             conn.execute(
                 delete(t.bootstrap_state).where(
-                    t.bootstrap_state.c.StateKey == admission.CUTOVER_RECEIPT_KEY
+                    t.bootstrap_state.c.StateKey == cutover.CUTOVER_RECEIPT_KEY
                 )
             )
         await fleet.signal("reconcile_changed")

@@ -17,10 +17,10 @@ import yaml
 from sqlalchemy import Engine, select, text
 from temporalio.testing import WorkflowEnvironment
 
+from nexuscrm import catalog
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.controlplane import catalog
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine

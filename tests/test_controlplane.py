@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import Connection, Engine, delete, insert, select, text, update
 from sqlalchemy.engine import make_url
 
+from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.controlplane import (
-    catalog,
     derived,
     indexes,
     lease,

@@ -20,8 +20,9 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, select, update
 
 from activities.connectors import ConnectorActivities
+from nexuscrm import catalog, cutover
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors import admission, workqueue
+from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.echo import record_outbound_write
 from nexuscrm.connectors.handoff import HANDOFF_MODES
@@ -30,7 +31,7 @@ from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
-from nexuscrm.controlplane import catalog, metadata, packs_apply
+from nexuscrm.controlplane import metadata, packs_apply
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
@@ -94,7 +95,7 @@ def engine(db_url: str, tmp_path: Path, hook: HookServer) -> Engine:
         engine, packs_apply.load_plan(engine, write_packs(tmp_path, hook.url), False)
     )
     with engine.begin() as conn:  # RunRepair's step, as ApplyAll runs it
-        admission.ensure_cutover_receipt(conn)
+        cutover.ensure_cutover_receipt(conn)
     catalog.CACHE.invalidate()
     return engine
 

@@ -9,10 +9,11 @@ import pytest
 import yaml
 from sqlalchemy import Engine
 
+from nexuscrm import catalog
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection
-from nexuscrm.controlplane import catalog, metadata, packs_apply
+from nexuscrm.controlplane import metadata, packs_apply
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 

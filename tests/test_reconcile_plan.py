@@ -17,6 +17,7 @@ import pytest
 import yaml
 from sqlalchemy import Engine, delete, text, update
 
+from nexuscrm import catalog, cutover
 from nexuscrm.connectors import admission, reconcile
 from nexuscrm.connectors import workqueue as wq
 from nexuscrm.connectors.desired import DesiredSet, desired_packs
@@ -33,7 +34,7 @@ from nexuscrm.connectors.reconcile import (
 )
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection
-from nexuscrm.controlplane import catalog, metadata, packs_apply, repair
+from nexuscrm.controlplane import metadata, packs_apply, repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 
@@ -136,7 +137,7 @@ def test_admission_gaps_always_stop_the_pool_and_fail_closed(engine, tmp_path):
     with engine.begin() as conn:
         conn.execute(
             delete(t.bootstrap_state).where(
-                t.bootstrap_state.c.StateKey == admission.CUTOVER_RECEIPT_KEY
+                t.bootstrap_state.c.StateKey == cutover.CUTOVER_RECEIPT_KEY
             )
         )
     d = only(plan(engine, "periodic", running))
@@ -158,7 +159,7 @@ def test_a_transient_probe_error_keeps_a_running_pool_and_stops_nothing_else(eng
     running = running_of(plan(engine, "startup"))
 
     def flaky(*args: Any) -> admission.Activation:
-        raise admission.AdmissionProbeError("verify work_item claim schema: lock wait timeout")
+        raise cutover.AdmissionProbeError("verify work_item claim schema: lock wait timeout")
 
     flaky_probe = Resolvers(activation=flaky)
     for mode in ("all", "changed", "periodic"):

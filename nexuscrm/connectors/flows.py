@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 from sqlalchemy import Connection, Engine, MetaData, Table, bindparam, select
 
+from nexuscrm.catalog import Catalog, CatalogObject
 from nexuscrm.clock import utcnow
-from nexuscrm.controlplane.catalog import Catalog, CatalogObject
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.model import NUMERIC_TYPES, REFERENCE_TYPES, FieldSpec, FieldType

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select, text
 
-from nexuscrm.controlplane import catalog
+from nexuscrm import catalog
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
 

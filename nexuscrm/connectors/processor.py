@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import httpx
 from sqlalchemy import Connection, Engine, select
 
+from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
@@ -69,7 +70,6 @@ from nexuscrm.connectors.handoff import (
 )
 from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
-from nexuscrm.controlplane import catalog
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log

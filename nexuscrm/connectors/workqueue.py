@@ -99,6 +99,7 @@ from nexuscrm.connectors.identity import (
     FAILURE_CLASS_INVALID,
     Dependency,
 )
+from nexuscrm.cutover import EXECUTION_OWNER_WORK_ITEM
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import dialect_name
 from nexuscrm.errors import FatalError, NexusError
@@ -117,7 +118,6 @@ WORK_TYPE_CONNECTOR_EVENT = "ConnectorEvent"
 WORK_TYPE_WORKFLOW_ACTION_APPLY = "WorkflowActionApply"
 CLAIMABLE_WORK_TYPES: tuple[str, ...] = (WORK_TYPE_CONNECTOR_EVENT, WORK_TYPE_WORKFLOW_ACTION_APPLY)
 
-EXECUTION_OWNER_WORK_ITEM = "work_item"
 
 OUTCOME_SUCCEEDED = "succeeded"
 OUTCOME_RETRY = "retry"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, MetaData, Table
 
-from nexuscrm.controlplane import catalog, lease, markers
+from nexuscrm import catalog
+from nexuscrm.controlplane import lease, markers
 from nexuscrm.db.dialect import create_or_replace_view, dialect_name
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.formulas import build_view_select, view_name

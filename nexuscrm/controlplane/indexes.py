@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, Index, MetaData, Table, inspect
 
-from nexuscrm.controlplane import catalog, lease
+from nexuscrm import catalog
+from nexuscrm.controlplane import lease
 from nexuscrm.db.dialect import index_names
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.packs.model import REFERENCE_TYPES

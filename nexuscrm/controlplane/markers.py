@@ -14,13 +14,13 @@ from enum import StrEnum
 from sqlalchemy import Connection, Engine, func, select
 
 from nexuscrm.clock import utcnow
+from nexuscrm.cutover import CUTOVER_RECEIPT_KEY
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names, upsert
 
 APPLY_ALL_KEY = "control_plane_apply_all"
 REBUILD_OWED_KEY = "formula_view_rebuild_owed"
-# Same value as nexuscrm.connectors.admission.CUTOVER_RECEIPT_KEY (no import: layering).
-CONNECTOR_CUTOVER_KEY = "connector_work_item_only_cutover"
+CONNECTOR_CUTOVER_KEY = CUTOVER_RECEIPT_KEY
 
 
 class MarkerStatus(StrEnum):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from nexuscrm.controlplane import catalog, lease
+from nexuscrm import catalog
+from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import after_ddl, table_names
 from nexuscrm.log import log

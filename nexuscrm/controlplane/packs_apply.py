@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, select, update
 
+from nexuscrm import catalog
 from nexuscrm.clock import utcnow
-from nexuscrm.controlplane import catalog, lease
+from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
     after_ddl,

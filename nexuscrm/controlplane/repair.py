@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, delete, inspect, select, update
 
+from nexuscrm import catalog
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors.admission import ensure_cutover_receipt
-from nexuscrm.controlplane import catalog, lease
+from nexuscrm.controlplane import lease
+from nexuscrm.cutover import ensure_cutover_receipt
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import after_ddl, describe_error, quote, render_type, table_names
 from nexuscrm.errors import LeaseLostError, RepairError
@@ -260,7 +261,7 @@ REPAIR_STEPS: tuple[RepairStep, ...] = (
         convergence_critical=True,
     ),
     # Receipt of the WorkItem-only execution cutover: the connector fleet admits
-    # no pool without it (nexuscrm.connectors.admission).
+    # no pool without it (nexuscrm.connectors.admission, nexuscrm.cutover).
     RepairStep("EnsureConnectorWorkItemCutover", ensure_cutover_receipt, fatal=False),
 )
 

@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeEngine
 
-from nexuscrm.controlplane import catalog
+from nexuscrm import catalog
 from nexuscrm.controlplane.indexes import standard_indexes
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import index_names, quote
