@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine
 from temporalio import activity
 
-from activities.controlplane import fatal_is_final
+from activities.common import fatal_is_final, raise_if_cancelled
 from nexuscrm.connectors import handoff, knobs, reconcile, serving, workqueue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
@@ -158,6 +158,7 @@ class ConnectorActivities:
             # heartbeat a second is plenty (each call costs a trip through the
             # SDK's event loop, which batches of cheap items felt).
             nonlocal last_extend, last_beat
+            raise_if_cancelled()  # between items, never inside a transaction
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_EVERY_S:
                 activity.heartbeat()

@@ -8,17 +8,14 @@ timeout and the retry lands on a live one.
 
 from __future__ import annotations
 
-import contextvars
-import functools
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from activities.common import fatal_is_final, heartbeat
 from nexuscrm import catalog
 from nexuscrm.controlplane import (
     derived,
@@ -31,7 +28,7 @@ from nexuscrm.controlplane import (
     verify,
 )
 from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import describe_error, is_permanent, is_transient, table_names
+from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
@@ -45,95 +42,6 @@ from workflows.models import (
     RepairRequest,
     VerifyRequest,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class _Ticker:
-    """Heartbeats every ``interval`` seconds from a side thread while a phase runs.
-
-    Every phase heartbeats, not only the ones with progress to report, so a
-    worker that dies in any phase is noticed within the heartbeat timeout
-    instead of the phase's start-to-close limit. The ticker repeats the last
-    details the phase reported, so resumable phases keep their progress.
-    """
-
-    def __init__(self, interval: float = 5.0) -> None:
-        self.interval = interval
-        self.details: tuple[Any, ...] = ()
-        self._stop = threading.Event()
-        self._ctx = contextvars.copy_context()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def beat(self, *details: Any) -> None:
-        self.details = details
-        activity.heartbeat(*details)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                self._ctx.run(activity.heartbeat, *self.details)
-        except BaseException:  # a cancellation raised into this thread ends the ticker only
-            return
-
-    def __enter__(self) -> _Ticker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1)
-
-
-_TICKER: contextvars.ContextVar[_Ticker | None] = contextvars.ContextVar("_TICKER", default=None)
-
-
-def heartbeat(*details: Any) -> None:
-    """Report progress from inside a phase (kept by the ticker between calls)."""
-    ticker = _TICKER.get()
-    if ticker is None:
-        activity.heartbeat(*details)
-    else:
-        ticker.beat(*details)
-
-
-def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn domain ``FatalError``s into non-retryable ``ApplicationError``s.
-
-    The error type is the exception's class name (``ManifestError``,
-    ``LeaseLostError`` ...), so workflows and operators can tell them apart.
-    Transient database errors propagate and are retried with backoff;
-    other unexpected errors are retried too, up to the policy's attempts.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        ticker = _Ticker()
-        token = _TICKER.set(ticker)
-        try:
-            with ticker:
-                return fn(*args, **kwargs)
-        except FatalError as exc:
-            details: list[Any] = []
-            if isinstance(exc, VerifyError):
-                details = [exc.findings]
-            raise ApplicationError(
-                str(exc), *details, type=type(exc).__name__, non_retryable=True
-            ) from exc
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            # Constraint and data errors repeat identically on retry: fail now.
-            raise ApplicationError(
-                describe_error(exc, with_type=False),
-                type=type(exc).__name__,
-                non_retryable=is_permanent(exc),
-            ) from exc
-        finally:
-            _TICKER.reset(token)
-
-    return wrapper
 
 
 def _plan_info(p: packs_apply.PlannedPack) -> PlannedPackInfo:

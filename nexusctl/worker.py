@@ -17,6 +17,7 @@ from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
+from nexusctl.failures import with_bounded_failures
 from nexusctl.temporal import connect, ensure_search_attributes
 from workflows.connectors import CONNECTOR_WORKFLOWS
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
@@ -51,7 +52,7 @@ def build_identity_worker(client: Client, settings: Settings, engine: Engine) ->
     """
     identity = IdentityActivities(engine, settings)
     return Worker(
-        client,
+        with_bounded_failures(client),
         task_queue=settings.identity_task_queue,
         workflows=IDENTITY_WORKFLOWS,
         activities=identity.wait_activities(),
@@ -76,7 +77,7 @@ def build_connector_worker(
     acts = ConnectorActivities(engine, settings, ConnectorKnobs.from_env())
     identity = IdentityActivities(engine, settings)
     connectors = Worker(
-        client,
+        with_bounded_failures(client),
         task_queue=task_queue or settings.connector_task_queue,
         workflows=CONNECTOR_WORKFLOWS,
         # notify and recover start and signal waits from the connector queue.
@@ -96,7 +97,7 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
     engine = make_engine(settings.database_url)
     acts = ControlPlaneActivities(engine, settings)
     return Worker(
-        client,
+        with_bounded_failures(client),
         task_queue=task_queue or settings.controlplane_task_queue,
         workflows=CONTROLPLANE_WORKFLOWS,
         activities=acts.all(),

@@ -1,0 +1,193 @@
+"""What every sync activity shares: shielding from the SDK's cancel exception,
+a heartbeat ticker, cooperative cancellation, and error mapping for Temporal.
+
+Sync activities run on the worker's thread pool. By default the SDK cancels
+one by raising an exception *into its thread* at whatever line it runs; in
+the middle of a PyMySQL read that leaves the pooled connection out of sync
+(``(2014, 'Command Out of Sync')`` on its next use, then ``InterfaceError``).
+So every sync activity runs shielded (:func:`fatal_is_final`, :func:`shielded`)
+and cancellation takes effect only at safe points: :func:`heartbeat` and
+:func:`raise_if_cancelled`, called between transactions, or when it returns.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from nexuscrm.db.dialect import describe_error, is_permanent, is_transient
+from nexuscrm.errors import FatalError, VerifyError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MAX_MESSAGE_CHARS = 4000
+"""Longest failure message an activity reports (the rest is cut, saying how much)."""
+
+MAX_FINDINGS = 500
+"""Most verify findings a failure carries as details (the message counts them all)."""
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``message`` cut to ``limit`` characters, its head kept and the cut counted."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... [{len(message) - limit} more characters]"
+
+
+class _Ticker:
+    """Heartbeats every ``interval`` seconds from a side thread while a phase runs.
+
+    Every phase heartbeats, not only the ones with progress to report, so a
+    worker that dies in any phase is noticed within the heartbeat timeout
+    instead of the phase's start-to-close limit. The ticker repeats the last
+    details the phase reported, so resumable phases keep their progress.
+    """
+
+    def __init__(self, interval: float | None = None) -> None:
+        self.interval = beat_interval() if interval is None else interval
+        self.details: tuple[Any, ...] = ()
+        self._stop = threading.Event()
+        self._ctx = contextvars.copy_context()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def beat(self, *details: Any) -> None:
+        self.details = details
+        activity.heartbeat(*details)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                self._ctx.run(activity.heartbeat, *self.details)
+        except BaseException:  # a cancellation raised into this thread ends the ticker only
+            return
+
+    def __enter__(self) -> _Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1)
+
+
+_TICKER: contextvars.ContextVar[_Ticker | None] = contextvars.ContextVar("_TICKER", default=None)
+
+
+def beat_interval(default: float = 5.0) -> float:
+    """Seconds between two ticker heartbeats of the current activity.
+
+    A third of the activity's heartbeat timeout (so two beats may be lost or
+    delayed by a loaded machine before the server times the attempt out),
+    at most ``default`` and at least 0.1 s; ``default`` when the activity has
+    no heartbeat timeout or runs outside an activity.
+    """
+    try:
+        timeout = activity.info().heartbeat_timeout
+    except RuntimeError:
+        return default
+    if not timeout:
+        return default
+    return max(0.1, min(default, timeout.total_seconds() / 3))
+
+
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` at a safe point if the activity was cancelled.
+
+    Sync activities run shielded from the SDK's asynchronous cancel exception
+    (see :func:`fatal_is_final`), so cancellation is cooperative: it takes
+    effect here, between database statements, never in the middle of a
+    driver's read (an exception raised into PyMySQL mid-packet leaves the
+    pooled connection out of sync: ``(2014, 'Command Out of Sync')``).
+    """
+    try:
+        cancelled = activity.is_cancelled()
+    except RuntimeError:
+        return
+    if cancelled:
+        raise CancelledError("activity cancelled")
+
+
+def heartbeat(*details: Any) -> None:
+    """Report progress from inside a phase (kept by the ticker between calls).
+
+    Also the phase's cancellation point: raises ``CancelledError`` when the
+    activity was cancelled (:func:`raise_if_cancelled`).
+    """
+    raise_if_cancelled()
+    ticker = _TICKER.get()
+    if ticker is None:
+        activity.heartbeat(*details)
+    else:
+        ticker.beat(*details)
+
+
+def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a sync activity shielded and heartbeating; map its errors for Temporal.
+
+    The body runs inside ``activity.shield_thread_cancel_exception()``: the
+    SDK's cancel exception is never raised into the middle of a database
+    call (that corrupts the pooled PyMySQL connection); cancellation takes
+    effect at :func:`heartbeat` / :func:`raise_if_cancelled`, or when the body
+    returns. A :class:`_Ticker` heartbeats every third of the heartbeat
+    timeout meanwhile.
+
+    Domain ``FatalError``s become non-retryable ``ApplicationError``s whose
+    type is the exception's class name (``ManifestError``, ``LeaseLostError``
+    ...), so workflows and operators can tell them apart. Transient database
+    errors propagate and are retried with backoff; other unexpected errors
+    are retried too, up to the policy's attempts. A cancellation propagates
+    as a cancellation. Messages are bounded (:data:`MAX_MESSAGE_CHARS`).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ticker = _Ticker()
+        token = _TICKER.set(ticker)
+        try:
+            with activity.shield_thread_cancel_exception(), ticker:
+                return fn(*args, **kwargs)
+        except CancelledError:
+            raise
+        except FatalError as exc:
+            details: list[Any] = []
+            if isinstance(exc, VerifyError):
+                details = [[bounded(f, 1000) for f in exc.findings[:MAX_FINDINGS]]]
+            raise ApplicationError(
+                bounded(str(exc)), *details, type=type(exc).__name__, non_retryable=True
+            ) from exc
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # Constraint and data errors repeat identically on retry: fail now.
+            raise ApplicationError(
+                bounded(describe_error(exc, with_type=False)),
+                type=type(exc).__name__,
+                non_retryable=is_permanent(exc),
+            ) from exc
+        finally:
+            _TICKER.reset(token)
+
+    return wrapper
+
+
+def shielded(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a sync activity inside ``activity.shield_thread_cancel_exception()``.
+
+    For short activities that need no error mapping (identity probe, wake,
+    expire): a cancellation (a wait abandoning its probe, a worker shutting
+    down) takes effect when the body returns, never inside a database call.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with activity.shield_thread_cancel_exception():
+            return fn(*args, **kwargs)
+
+    return wrapper
