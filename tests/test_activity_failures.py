@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +60,7 @@ async def test_cancelled_sync_activity_never_breaks_a_pooled_connection(db_url):
     cancelled = 0
     for i in range(12):
         env = ActivityEnvironment()
-        fut = loop.run_in_executor(None, lambda env=env: env.run(phase))
+        fut = loop.run_in_executor(None, functools.partial(env.run, phase))
         await asyncio.sleep(0.05 + i * 0.013)
         env.cancel()
         try:
