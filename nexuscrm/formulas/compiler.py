@@ -26,25 +26,19 @@ inlines referenced formulas into the caller's compiled formula.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql.elements import ColumnElement
 
 from nexuscrm.packs.model import (
-    NUMERIC_TYPES,
-    REFERENCE_TYPES,
-    TEXT_TYPES,
     FieldSpec,
     FieldType,
     ObjectSpec,
 )
 
-from .dialects import DialectOps, Expr, html_escape, int_lit, num_lit, ops_for, str_lit
+from .dialects import DialectOps, Expr, int_lit, num_lit, ops_for, str_lit
+from .functions import FUNCTIONS, SUPPORTED_FUNCTIONS, arity
 from .syntax import (
     BinOp,
     Bool,
@@ -59,112 +53,32 @@ from .syntax import (
     parse,
     references,
 )
+from .values import (
+    STANDARD_KINDS,
+    ArgType,
+    CompileFailure,
+    Kind,
+    Pred,
+    Reject,
+    Value,
+    bool_value,
+    errs_of,
+    kind_of_field_type,
+    or_errs,
+    truthy,
+)
 
-Pred = ColumnElement[Any]
-
-
-class Kind(StrEnum):
-    """Formula data types (Salesforce's, collapsed to what behaves differently)."""
-
-    NUMBER = "number"
-    TEXT = "text"
-    BOOLEAN = "boolean"
-    DATE = "date"
-    DATETIME = "datetime"
-    TIME = "time"
-    NULL = "null"  # the NULL literal: fits any type
-
-
-class CompileFailure(Exception):
-    """A formula cannot compile; ``field_api_name`` is the formula it belongs to."""
-
-    def __init__(self, field_api_name: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field_api_name = field_api_name
-        self.reason = reason
-
-
-class _Reject(Exception):
-    def __init__(self, reason: str, *, cycle: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.cycle = cycle
+__all__ = [
+    "SUPPORTED_FUNCTIONS",
+    "CompileFailure",
+    "Kind",
+    "Value",
+    "compile_field",
+    "dependencies",
+]
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: == on SQL expressions builds SQL
-class Value:
-    """A compiled sub-expression.
-
-    ``sql`` is a predicate for BOOLEAN, a scalar otherwise.  ``err`` is true
-    where evaluation fails at run time (None: cannot fail).  ``const`` holds a
-    numeric literal's value so ROUND can fold its digits; ``nonnull`` marks
-    text that is never NULL (literals, concatenations), which needs no
-    COALESCE when concatenated.
-    """
-
-    kind: Kind
-    sql: Expr
-    err: Pred | None = None
-    const: Decimal | None = None
-    nonnull: bool = False
-
-
-STANDARD_KINDS: dict[str, Kind] = {
-    "Id": Kind.TEXT,
-    "Name": Kind.TEXT,
-    "OwnerId": Kind.TEXT,
-    "CreatedDate": Kind.DATETIME,
-    "LastModifiedDate": Kind.DATETIME,
-    "IsDeleted": Kind.BOOLEAN,
-}
-
-
-def kind_of_field_type(ftype: FieldType) -> Kind | None:
-    """The formula type a field of ``ftype`` reads as (None: not readable in a formula)."""
-    if ftype in TEXT_TYPES or ftype in REFERENCE_TYPES:
-        return Kind.TEXT
-    if ftype in NUMERIC_TYPES:
-        return Kind.NUMBER
-    return {
-        FieldType.Checkbox: Kind.BOOLEAN,
-        FieldType.Date: Kind.DATE,
-        FieldType.DateTime: Kind.DATETIME,
-        FieldType.Time: Kind.TIME,
-    }.get(ftype)
-
-
-def _or_errs(*errs: Pred | None) -> Pred | None:
-    present = [e for e in errs if e is not None]
-    if not present:
-        return None
-    return present[0] if len(present) == 1 else sa.or_(*present)
-
-
-def _errs_of(*values: Value) -> Pred | None:
-    return _or_errs(*(v.err for v in values))
-
-
-def _bool_value(p: Expr) -> Expr:
-    """Predicate -> 1 / 0 / NULL (keeps 'unknown' unknown)."""
-    return sa.case((p, int_lit(1)), (sa.not_(p), int_lit(0)), else_=sa.null())
-
-
-def _truthy(p: Expr) -> Pred:
-    """Predicate -> never-NULL predicate (unknown counts as false, as a Checkbox does)."""
-    return sa.case((p, int_lit(1)), else_=int_lit(0)) == int_lit(1)
-
-
-_FuncImpl = Callable[["_FormulaCompiler", list[Value], FieldSpec], Value]
-
-
-@dataclass
-class _Function:
-    impl: _FuncImpl
-    min_args: int
-    max_args: int | None  # None: unbounded
-
-
-class _FormulaCompiler:
+class FormulaCompiler:
     """Compiles the formula fields of one object; one instance per top-level compile."""
 
     def __init__(self, obj: ObjectSpec, table: sa.Table, dialect: str) -> None:
@@ -180,7 +94,7 @@ class _FormulaCompiler:
                 for col in f.column_names():
                     self.location_columns[col.lower()] = col
         self.stack: list[FieldSpec] = []
-        self.done: dict[str, Value | _Reject] = {}
+        self.done: dict[str, Value | Reject] = {}
 
     # -- entry points ------------------------------------------------------
     def compile_field(self, f: FieldSpec) -> Expr:
@@ -190,7 +104,7 @@ class _FormulaCompiler:
             out = self.finish(f, value)
             self._check_renders(out)
             return out
-        except _Reject as exc:
+        except Reject as exc:
             raise CompileFailure(f.api_name, exc.reason) from None
         except RecursionError:
             raise CompileFailure(f.api_name, "formula is nested too deeply") from None
@@ -198,14 +112,14 @@ class _FormulaCompiler:
     def formula_value(self, f: FieldSpec) -> Value:
         """The raw (unrounded, unconverted) value of formula field ``f``."""
         if f.formula is None:
-            raise _Reject(f"field {f.api_name} is not a formula field")
+            raise Reject(f"field {f.api_name} is not a formula field")
         key = f.api_name.lower()
         if any(s.api_name.lower() == key for s in self.stack):
             start = next(i for i, s in enumerate(self.stack) if s.api_name.lower() == key)
             chain = [s.api_name for s in self.stack[start:]] + [f.api_name]
-            raise _Reject("formula cycle: " + " -> ".join(chain), cycle=True)
+            raise Reject("formula cycle: " + " -> ".join(chain), cycle=True)
         cached = self.done.get(key)
-        if isinstance(cached, _Reject):
+        if isinstance(cached, Reject):
             raise cached
         if cached is not None:
             return cached
@@ -214,10 +128,10 @@ class _FormulaCompiler:
             try:
                 tree = parse(f.formula)
             except FormulaSyntaxError as exc:
-                raise _Reject(str(exc)) from None
+                raise Reject(str(exc)) from None
             value = self.expr(tree, f)
             self._check_result_kind(f, value)
-        except _Reject as exc:
+        except Reject as exc:
             if not exc.cycle:
                 self.done[key] = exc
             raise
@@ -232,14 +146,14 @@ class _FormulaCompiler:
         try:
             out.compile(dialect=self.ops.sa_dialect(), compile_kwargs={"literal_binds": True})
         except RecursionError:
-            raise _Reject("formula is nested too deeply to render as SQL") from None
+            raise Reject("formula is nested too deeply to render as SQL") from None
 
     def _check_result_kind(self, f: FieldSpec, value: Value) -> None:
         want = kind_of_field_type(f.type)
         if want is None:
-            raise _Reject(f"a {f.type} field cannot hold a formula result")
+            raise Reject(f"a {f.type} field cannot hold a formula result")
         if value.kind not in (want, Kind.NULL):
-            raise _Reject(
+            raise Reject(
                 f"formula returns {value.kind} but field {f.api_name} is {f.type} ({want})"
             )
 
@@ -303,9 +217,9 @@ class _FormulaCompiler:
         """A same-object field reference (case-insensitive)."""
         name = node.parts[0]
         if name.startswith("$"):
-            raise _Reject(f"global variable {node.dotted!r} is not supported")
+            raise Reject(f"global variable {node.dotted!r} is not supported")
         if len(node.parts) > 1:
-            raise _Reject(
+            raise Reject(
                 f"cross-object reference {node.dotted!r} is not supported: "
                 f"a formula on {self.obj.api_name} can only use its own fields"
             )
@@ -318,19 +232,19 @@ class _FormulaCompiler:
             return self._column_value(self.location_columns[key], Kind.NUMBER, blank_as_zero)
         target = self.fields.get(key)
         if target is None:
-            raise _Reject(f"unknown field {name!r} on {self.obj.api_name}")
+            raise Reject(f"unknown field {name!r} on {self.obj.api_name}")
         if target.is_formula:
             return self._inline(target, blank_as_zero)
         if target.type == FieldType.Location:
-            raise _Reject(
+            raise Reject(
                 f"location field {target.api_name} can only be used through its "
                 "__Latitude__s / __Longitude__s columns"
             )
         if target.type == FieldType.Summary:
-            raise _Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
+            raise Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
         kind = kind_of_field_type(target.type)
         if kind is None:  # pragma: no cover - every stored type maps to a kind
-            raise _Reject(f"field {target.api_name} of type {target.type} cannot be used")
+            raise Reject(f"field {target.api_name} of type {target.type} cannot be used")
         value = self._column_value(target.api_name, kind, blank_as_zero)
         if target.type == FieldType.Percent:
             # Salesforce formulas see percents as fractions: 10 (%) reads as 0.1.
@@ -340,7 +254,7 @@ class _FormulaCompiler:
     def _column_value(self, col_name: str, kind: Kind, blank_as_zero: bool) -> Value:
         col = self.table.c.get(col_name)
         if col is None:
-            raise _Reject(f"column {col_name} is missing from table {self.table.name}")
+            raise Reject(f"column {col_name} is missing from table {self.table.name}")
         if kind == Kind.NUMBER:
             sql: Expr = self.ops.number(col)
             if blank_as_zero:
@@ -356,10 +270,10 @@ class _FormulaCompiler:
     def _inline(self, target: FieldSpec, blank_as_zero: bool) -> Value:
         try:
             inner = self.formula_value(target)
-        except _Reject as exc:
+        except Reject as exc:
             if exc.cycle:
                 raise
-            raise _Reject(
+            raise Reject(
                 f"referenced formula field {target.api_name} fails: {exc.reason}"
             ) from None
         kind = inner.kind
@@ -369,19 +283,19 @@ class _FormulaCompiler:
         if kind == Kind.NUMBER and blank_as_zero:
             sql = self.ops.number(sa.func.coalesce(sql, int_lit(0)))
         elif kind == Kind.BOOLEAN:
-            sql = _truthy(sql)
+            sql = truthy(sql)
         return Value(kind, sql, inner.err)
 
     # -- operators ---------------------------------------------------------
     def unary(self, node: UnOp, scope: FieldSpec) -> Value:
         """Unary minus / plus on a number."""
         if node.op == "&":
-            raise _Reject("syntax error: '&' needs a left operand")
+            raise Reject("syntax error: '&' needs a left operand")
         operand = self.expr(node.operand, scope)
         if operand.kind == Kind.NULL:
             return Value(Kind.NUMBER, sa.null())
         if operand.kind != Kind.NUMBER:
-            raise _Reject(f"unary {node.op!r} needs a number, got {operand.kind}")
+            raise Reject(f"unary {node.op!r} needs a number, got {operand.kind}")
         if node.op == "+":
             return operand
         const = -operand.const if operand.const is not None else None
@@ -395,9 +309,9 @@ class _FormulaCompiler:
         if op in ("&&", "||"):
             for side in (left, right):
                 if side.kind not in (Kind.BOOLEAN, Kind.NULL):
-                    raise _Reject(f"operator {op!r} needs booleans, got {side.kind}")
+                    raise Reject(f"operator {op!r} needs booleans, got {side.kind}")
             combine = sa.and_ if op == "&&" else sa.or_
-            return Value(Kind.BOOLEAN, combine(left.sql, right.sql), _errs_of(left, right))
+            return Value(Kind.BOOLEAN, combine(left.sql, right.sql), errs_of(left, right))
         if op in ("=", "==", "!=", "<>", "<", "<=", ">", ">="):
             return self.compare(op, left, right)
         if op == "&":
@@ -410,19 +324,19 @@ class _FormulaCompiler:
         """Text concatenation; blank text is ''."""
         for side in (left, right):
             if side.kind not in (Kind.TEXT, Kind.NULL):
-                raise _Reject(
+                raise Reject(
                     f"operator {op!r} cannot combine {left.kind} and {right.kind}"
                     + ("; use TEXT() to convert" if op == "&" else "")
                 )
         sql = self.ops.concat([self.text_piece(left), self.text_piece(right)])
-        return Value(Kind.TEXT, sql, _errs_of(left, right), nonnull=True)
+        return Value(Kind.TEXT, sql, errs_of(left, right), nonnull=True)
 
     def arithmetic(self, op: str, left: Value, right: Value) -> Value:
         """``+ - * / ^`` on numbers, and the date/datetime forms of ``+`` and ``-``."""
         ops = self.ops
         lk, rk = left.kind, right.kind
-        err = _errs_of(left, right)
-        mismatch = _Reject(f"operator {op!r} cannot combine {lk} and {rk}")
+        err = errs_of(left, right)
+        mismatch = Reject(f"operator {op!r} cannot combine {lk} and {rk}")
         temporal = (Kind.DATE, Kind.DATETIME)
         if op in ("+", "-") and (lk in temporal or rk in temporal):
             if op == "+" and rk in temporal and lk in (Kind.NUMBER, Kind.NULL):
@@ -454,23 +368,23 @@ class _FormulaCompiler:
             return Value(Kind.NUMBER, ops.number(a * b), err)
         if op == "/":
             # Division by zero is a Salesforce runtime error: blank field, not a failed query.
-            return Value(Kind.NUMBER, ops.number(ops.divide(a, b)), _or_errs(err, b == int_lit(0)))
+            return Value(Kind.NUMBER, ops.number(ops.divide(a, b)), or_errs(err, b == int_lit(0)))
         if op == "^":
             value, undefined = ops.power(a, b)
-            return Value(Kind.NUMBER, ops.number(value), _or_errs(err, undefined))
-        raise _Reject(f"unknown operator {op!r}")  # pragma: no cover - grammar limits ops
+            return Value(Kind.NUMBER, ops.number(value), or_errs(err, undefined))
+        raise Reject(f"unknown operator {op!r}")  # pragma: no cover - grammar limits ops
 
     def compare(self, op: str, left: Value, right: Value) -> Value:
         """Comparison of two values of the same type (NULL fits any)."""
         real = {left.kind, right.kind} - {Kind.NULL}
         if len(real) > 1:
-            raise _Reject(f"operator {op!r} cannot compare {left.kind} and {right.kind}")
+            raise Reject(f"operator {op!r} cannot compare {left.kind} and {right.kind}")
         kind = real.pop() if real else Kind.NULL
-        err = _errs_of(left, right)
+        err = errs_of(left, right)
         if kind == Kind.BOOLEAN:
             if op not in ("=", "==", "!=", "<>"):
-                raise _Reject(f"operator {op!r} cannot compare booleans")
-            a, b = _bool_value(left.sql), _bool_value(right.sql)
+                raise Reject(f"operator {op!r} cannot compare booleans")
+            a, b = bool_value(left.sql), bool_value(right.sql)
         elif kind == Kind.TEXT or kind == Kind.NULL:
             a, b = self.ops.text_cmp_operand(left.sql), self.ops.text_cmp_operand(right.sql)
         elif kind in (Kind.DATE, Kind.DATETIME, Kind.TIME):
@@ -503,13 +417,13 @@ class _FormulaCompiler:
             return Kind.NULL
         if any(k != real[0] for k in real):
             shown = ", ".join(str(k) for k in kinds)
-            raise _Reject(f"{what} must have one type, got {shown}")
+            raise Reject(f"{what} must have one type, got {shown}")
         return real[0]
 
     def _as_kind(self, value: Value, kind: Kind) -> Expr:
         """A value's SQL in 'scalar' form (booleans as 1/0/NULL) for CASE results."""
         if kind == Kind.BOOLEAN and value.kind == Kind.BOOLEAN:
-            return _bool_value(value.sql)
+            return bool_value(value.sql)
         return value.sql
 
     def _from_scalar(self, kind: Kind, sql: Expr, err: Pred | None) -> Value:
@@ -522,23 +436,23 @@ class _FormulaCompiler:
     # -- functions ---------------------------------------------------------
     def call(self, node: Call, scope: FieldSpec) -> Value:
         """A function call: checks the name and argument count, then dispatches."""
-        spec = _FUNCTIONS.get(node.name)
+        spec = FUNCTIONS.get(node.name)
         if spec is None:
-            raise _Reject(f"unknown function {node.name}()")
+            raise Reject(f"unknown function {node.name}()")
         n = len(node.args)
         if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
-            raise _Reject(f"{node.name}() takes {_arity(spec)}, got {n}")
+            raise Reject(f"{node.name}() takes {arity(spec)}, got {n}")
         args = [self.expr(a, scope) for a in node.args]
         try:
             return spec.impl(self, args, scope)
-        except _ArgType as exc:
-            raise _Reject(f"{node.name}() {exc.reason}") from None
+        except ArgType as exc:
+            raise Reject(f"{node.name}() {exc.reason}") from None
 
     def need(self, value: Value, position: int, *kinds: Kind) -> None:
         """Check an argument's type (NULL always fits)."""
         if value.kind not in (*kinds, Kind.NULL):
             wanted = " or ".join(str(k) for k in kinds)
-            raise _ArgType(f"argument {position} must be {wanted}, got {value.kind}")
+            raise ArgType(f"argument {position} must be {wanted}, got {value.kind}")
 
     @staticmethod
     def text_piece(value: Value) -> Expr:
@@ -548,274 +462,12 @@ class _FormulaCompiler:
         return sa.func.coalesce(value.sql, str_lit(""))
 
 
-class _ArgType(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _arity(spec: _Function) -> str:
-    lo, hi = spec.min_args, spec.max_args
-    if hi is None:
-        return f"at least {lo} argument{'s' if lo != 1 else ''}"
-    if lo == hi:
-        return f"{lo} argument{'s' if lo != 1 else ''}"
-    return f"{lo} to {hi} arguments"
-
-
-# -- function implementations ---------------------------------------------
-
-
-def _fn_if(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    cond, then, other = args
-    c.need(cond, 1, Kind.BOOLEAN)
-    kind = c._unify([then.kind, other.kind], "IF() branches")
-    sql = sa.case((cond.sql, c._as_kind(then, kind)), else_=c._as_kind(other, kind))
-    branch_err = None
-    if then.err is not None or other.err is not None:
-        branch_err = sa.case(
-            (cond.sql, then.err if then.err is not None else sa.false()),
-            else_=other.err if other.err is not None else sa.false(),
-        )
-    return c._from_scalar(kind, sql, _or_errs(cond.err, branch_err))
-
-
-def _fn_case(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    if len(args) % 2 != 0:
-        raise _ArgType(
-            "takes an expression, value/result pairs and an else result "
-            f"(an even number of arguments), got {len(args)}"
-        )
-    subject, pairs, default = args[0], args[1:-1], args[-1]
-    values, results = pairs[0::2], pairs[1::2]
-    c._unify([subject.kind, *(v.kind for v in values)], "CASE() values")
-    kind = c._unify([*(r.kind for r in results), default.kind], "CASE() results")
-    whens = [
-        (c._equals(subject, v), c._as_kind(r, kind)) for v, r in zip(values, results, strict=True)
-    ]
-    sql = sa.case(*whens, else_=c._as_kind(default, kind))
-    branch_err = None
-    if any(r.err is not None for r in results) or default.err is not None:
-        branch_err = sa.case(
-            *(
-                (c._equals(subject, v), r.err if r.err is not None else sa.false())
-                for v, r in zip(values, results, strict=True)
-            ),
-            else_=default.err if default.err is not None else sa.false(),
-        )
-    return c._from_scalar(kind, sql, _or_errs(_errs_of(subject, *values), branch_err))
-
-
-def _fn_and(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    for i, a in enumerate(args, 1):
-        c.need(a, i, Kind.BOOLEAN)
-    return Value(Kind.BOOLEAN, sa.and_(*(a.sql for a in args)), _errs_of(*args))
-
-
-def _fn_or(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    for i, a in enumerate(args, 1):
-        c.need(a, i, Kind.BOOLEAN)
-    return Value(Kind.BOOLEAN, sa.or_(*(a.sql for a in args)), _errs_of(*args))
-
-
-def _fn_not(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (a,) = args
-    c.need(a, 1, Kind.BOOLEAN)
-    return Value(Kind.BOOLEAN, sa.not_(a.sql), a.err)
-
-
-def _is_blank(c: _FormulaCompiler, a: Value) -> Pred:
-    if a.kind == Kind.TEXT:
-        return c.ops.is_blank_text(a.sql)
-    if a.kind == Kind.BOOLEAN:
-        return _bool_value(a.sql).is_(None)
-    return a.sql.is_(None)
-
-
-def _fn_isblank(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (a,) = args
-    return Value(Kind.BOOLEAN, _is_blank(c, a), a.err)
-
-
-def _fn_isnull(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (a,) = args
-    if a.kind == Kind.TEXT:
-        # Documented: "Text fields are never null, so using ISNULL with a text
-        # field always returns false."
-        return Value(Kind.BOOLEAN, sa.false(), a.err)
-    return Value(Kind.BOOLEAN, _is_blank(c, a), a.err)
-
-
-def _fn_blankvalue(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    a, alt = args
-    kind = c._unify([a.kind, alt.kind], "BLANKVALUE() arguments")
-    blank = _is_blank(c, a)
-    sql = sa.case((blank, c._as_kind(alt, kind)), else_=c._as_kind(a, kind))
-    alt_err = sa.case((blank, alt.err), else_=sa.false()) if alt.err is not None else None
-    return c._from_scalar(kind, sql, _or_errs(a.err, alt_err))
-
-
-def _fn_nullvalue(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    a, alt = args
-    kind = c._unify([a.kind, alt.kind], "NULLVALUE() arguments")
-    if a.kind == Kind.TEXT:
-        # Text is never null in Salesforce, so NULLVALUE returns it unchanged.
-        return Value(Kind.TEXT, a.sql, a.err)
-    null = _is_blank(c, a)
-    sql = sa.case((null, c._as_kind(alt, kind)), else_=c._as_kind(a, kind))
-    alt_err = sa.case((null, alt.err), else_=sa.false()) if alt.err is not None else None
-    return c._from_scalar(kind, sql, _or_errs(a.err, alt_err))
-
-
-def _fn_today(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    return Value(Kind.DATE, c.ops.today())
-
-
-def _fn_now(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    return Value(Kind.DATETIME, c.ops.now())
-
-
-def _fn_text(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (a,) = args
-    ops = c.ops
-    converters: dict[Kind, Callable[[Expr], Expr]] = {
-        Kind.NUMBER: ops.number_to_text,
-        Kind.DATE: ops.date_to_text,
-        Kind.DATETIME: ops.datetime_to_text,
-        Kind.TIME: ops.time_to_text,
-    }
-    if a.kind == Kind.BOOLEAN:
-        raise _ArgType("cannot convert a boolean; use IF(x, 'true', 'false')")
-    if a.kind in (Kind.TEXT, Kind.NULL):
-        # Salesforce allows TEXT() on picklists; other text passes through unchanged.
-        return Value(Kind.TEXT, a.sql, a.err)
-    return Value(Kind.TEXT, converters[a.kind](a.sql), a.err)
-
-
-def _fn_value(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (a,) = args
-    c.need(a, 1, Kind.TEXT)
-    if a.kind == Kind.NULL:
-        return Value(Kind.NUMBER, sa.null(), a.err)
-    value, invalid = c.ops.text_to_number(a.sql)
-    return Value(Kind.NUMBER, c.ops.number(value), _or_errs(a.err, invalid))
-
-
-def _fn_round(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    x, digits = args
-    c.need(x, 1, Kind.NUMBER)
-    c.need(digits, 2, Kind.NUMBER)
-    const = int(digits.const) if digits.const is not None else None
-    sql = c.ops.round(x.sql, digits.sql, const)
-    return Value(Kind.NUMBER, c.ops.number(sql), _errs_of(x, digits))
-
-
-def _fn_abs(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.NUMBER)
-    return Value(Kind.NUMBER, c.ops.number(sa.func.abs(x.sql)), x.err)
-
-
-def _fn_len(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.TEXT)
-    length = sa.func.coalesce(c.ops.length(x.sql), int_lit(0))
-    return Value(Kind.NUMBER, c.ops.number(length), x.err)
-
-
-def _fn_upper(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.TEXT)
-    return Value(Kind.TEXT, sa.func.upper(x.sql), x.err)
-
-
-def _fn_lower(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.TEXT)
-    return Value(Kind.TEXT, sa.func.lower(x.sql), x.err)
-
-
-def _fn_ispickval(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    field_value, literal = args
-    c.need(field_value, 1, Kind.TEXT)
-    c.need(literal, 2, Kind.TEXT)
-    return c.compare("=", field_value, literal)
-
-
-def _fn_image(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    url, alt = args[0], args[1]
-    c.need(url, 1, Kind.TEXT)
-    c.need(alt, 2, Kind.TEXT)
-    # Salesforce renders <img src="..." alt="..." height="h" width="w" border="0"/>;
-    # the values are HTML-escaped because they come from record data.
-    pieces: list[Expr] = [
-        str_lit('<img src="'),
-        html_escape(c.text_piece(url)),
-        str_lit('" alt="'),
-        html_escape(c.text_piece(alt)),
-    ]
-    for position, (attr, dim) in enumerate(zip(("height", "width"), args[2:], strict=False), 3):
-        c.need(dim, position, Kind.NUMBER)
-        size = Value(Kind.TEXT, c.ops.number_to_text(dim.sql))
-        pieces += [str_lit(f'" {attr}="'), c.text_piece(size)]
-    pieces.append(str_lit('" border="0"/>'))
-    return Value(Kind.TEXT, c.ops.concat(pieces), _errs_of(*args), nonnull=True)
-
-
-def _fn_hyperlink(c: _FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    url, label = args[0], args[1]
-    c.need(url, 1, Kind.TEXT)
-    c.need(label, 2, Kind.TEXT)
-    # No target: Salesforce opens the link in a new window (_blank).
-    target: Expr = str_lit("_blank")
-    if len(args) == 3:
-        c.need(args[2], 3, Kind.TEXT)
-        target = sa.func.coalesce(sa.func.nullif(args[2].sql, str_lit("")), str_lit("_blank"))
-    pieces = [
-        str_lit('<a href="'),
-        html_escape(c.text_piece(url)),
-        str_lit('" target="'),
-        html_escape(target),
-        str_lit('">'),
-        html_escape(c.text_piece(label)),
-        str_lit("</a>"),
-    ]
-    return Value(Kind.TEXT, c.ops.concat(pieces), _errs_of(*args), nonnull=True)
-
-
-_FUNCTIONS: dict[str, _Function] = {
-    "IF": _Function(_fn_if, 3, 3),
-    "CASE": _Function(_fn_case, 4, None),
-    "AND": _Function(_fn_and, 1, None),
-    "OR": _Function(_fn_or, 1, None),
-    "NOT": _Function(_fn_not, 1, 1),
-    "ISBLANK": _Function(_fn_isblank, 1, 1),
-    "ISNULL": _Function(_fn_isnull, 1, 1),
-    "BLANKVALUE": _Function(_fn_blankvalue, 2, 2),
-    "NULLVALUE": _Function(_fn_nullvalue, 2, 2),
-    "TODAY": _Function(_fn_today, 0, 0),
-    "NOW": _Function(_fn_now, 0, 0),
-    "TEXT": _Function(_fn_text, 1, 1),
-    "VALUE": _Function(_fn_value, 1, 1),
-    "ROUND": _Function(_fn_round, 2, 2),
-    "ABS": _Function(_fn_abs, 1, 1),
-    "LEN": _Function(_fn_len, 1, 1),
-    "UPPER": _Function(_fn_upper, 1, 1),
-    "LOWER": _Function(_fn_lower, 1, 1),
-    "ISPICKVAL": _Function(_fn_ispickval, 2, 2),
-    "IMAGE": _Function(_fn_image, 2, 4),
-    "HYPERLINK": _Function(_fn_hyperlink, 2, 3),
-}
-
-SUPPORTED_FUNCTIONS: tuple[str, ...] = tuple(sorted(_FUNCTIONS))
-
-
 def compile_field(obj: ObjectSpec, f: FieldSpec, table: sa.Table, dialect: str) -> Expr:
     """Compile formula field ``f`` of ``obj`` against ``table`` for ``dialect``.
 
     Raises ``CompileFailure`` (wrapped as ``FormulaError`` by the package API).
     """
-    return _FormulaCompiler(obj, table, dialect).compile_field(f)
+    return FormulaCompiler(obj, table, dialect).compile_field(f)
 
 
 def dependencies(obj: ObjectSpec) -> dict[str, set[str]]:
