@@ -41,8 +41,7 @@ from nexuscrm.log import configure_logging
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
-from nexusctl import cli
-from nexusctl.cli import app
+from nexusctl.cli import app, controlplane
 from nexusctl.devserver import reachable
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
@@ -658,7 +657,7 @@ def test_unexpected_exception_keeps_its_traceback(monkeypatch: pytest.MonkeyPatc
     def bug(_settings: Settings) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "_print_status", bug)
+    monkeypatch.setattr(controlplane, "print_status", bug)
     result = invoke(["status"], cli_env())
     assert isinstance(result.exception, ZeroDivisionError)
     assert "error:" not in result.output

@@ -1,6 +1,6 @@
 """CLI commands for identity-convergence waits: ``nexusctl wake ...``, ``connectors waits``.
 
-Mounted by ``nexusctl/cli.py``::
+Mounted by ``nexusctl/cli/__init__.py`` and ``nexusctl/cli/connectors.py``::
 
     app.add_typer(wake_app, name="wake")
     connectors_app.command("waits")(waits)

@@ -1,0 +1,126 @@
+"""``nexusctl connectors ...``: start the connector fleet, show its status, list
+identity waits (``waits``, from :mod:`nexusctl.cli.wakes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import typer
+from rich.table import Table
+from rich.text import Text
+from temporalio.service import RPCError, RPCStatusCode
+
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexusctl.cli.common import QUERY_TIMEOUT, existing_engine, load_settings, no_database
+from nexusctl.cli.render import console, expected_failure, fail
+from nexusctl.cli.wakes import waits
+from nexusctl.temporal import connect, fleet_workflow_id, start_fleet
+from workflows.models import FleetStatus, SupervisorStatus
+
+connectors_app = typer.Typer(help="Connector inbound runtime.", no_args_is_help=True)
+connectors_app.command("waits")(waits)
+
+
+@connectors_app.command("start")
+def connectors_start() -> None:
+    """Start the database's ConnectorFleet (or attach to the running one)."""
+    settings = load_settings()
+
+    async def go() -> str:
+        handle = await start_fleet(await connect(settings), settings)
+        return handle.id
+
+    console.print(f"connector fleet running: workflow id {asyncio.run(go())}")
+
+
+@connectors_app.command("status")
+def connectors_status() -> None:
+    """Per pack: workers, queue depth by state and class, oldest pending age, failures."""
+    settings = load_settings()
+    engine = existing_engine(settings)
+    if engine is None:
+        console.print(no_database(settings))
+        return
+    packs = list_connector_packs(engine)
+    if not packs:
+        console.print("no connector pack is installed")
+        return
+    stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
+
+    problem: str | None = None
+
+    async def pools() -> tuple[dict[str, SupervisorStatus], FleetStatus | None]:
+        nonlocal problem
+        try:
+            client = await connect(settings)
+            handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
+            fleet = await handle.query("status", result_type=FleetStatus, rpc_timeout=QUERY_TIMEOUT)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                problem = expected_failure(exc) or str(exc)
+            return {}, None
+        except Exception as exc:  # the table is still worth printing; the command fails
+            problem = expected_failure(exc) or f"{type(exc).__name__}: {exc}"
+            return {}, None
+        out: dict[str, SupervisorStatus] = {}
+        for pool in fleet.pools:
+            sup = client.get_workflow_handle(pool.supervisor_workflow_id)
+            with contextlib.suppress(Exception):
+                out[pool.install_id] = await sup.query(
+                    "status", result_type=SupervisorStatus, rpc_timeout=QUERY_TIMEOUT
+                )
+        return out, fleet
+
+    running, fleet = asyncio.run(pools())
+    table = Table(title=f"connector packs ({settings.database_id})")
+    for col in ("pack", "install", "status", "workers", "queue (state/class)", "oldest pending",
+                "failures"):  # fmt: skip
+        table.add_column(col)
+    for row in packs:
+        st = stats.get(row.install_id)
+        depth = ", ".join(f"{s}/{c}={n}" for (s, c), n in sorted(st.counts.items())) if st else ""
+        oldest = f"{st.oldest_pending_age_s:.0f} s" if st and st.oldest_pending_age_s else ""
+        failures = ", ".join(f"{k}={v}" for k, v in st.failures_by_class.items()) if st else ""
+        pool = running.get(row.install_id)
+        workers = (
+            f"{len(pool.workers)} ({sum(w.restarts for w in pool.workers)} restarts)"
+            + (", draining" if pool.draining else "")
+            if pool
+            else "not running"
+        )
+        table.add_row(row.namespace, row.install_id[:8], row.status, workers, depth, oldest,
+                      failures)  # fmt: skip
+    console.print(table)
+    if fleet is not None:
+        _print_fleet_problems(fleet)
+    elif problem is None:
+        console.print(
+            f"no connector fleet runs for database {settings.database_id} "
+            "(start it with `nexusctl connectors start`)"
+        )
+    else:
+        # "not running" above may be wrong: the fleet's own answer is unknown.
+        fail(
+            f"cannot query the connector fleet {fleet_workflow_id(settings.database_id)}: {problem}"
+        )
+
+
+def _print_fleet_problems(fleet: FleetStatus) -> None:
+    """The fleet's blocked packs (not served) and degraded packs, with their reasons."""
+    if fleet.last_error:
+        console.print(f"[yellow]last reconcile error:[/yellow] {fleet.last_error}")
+    if not fleet.blocked and not fleet.degraded:
+        return
+    table = Table(title="connector packs not served or degraded")
+    for col in ("pack", "install", "state", "reason"):
+        table.add_column(col)
+    problems = [(k, "blocked", r) for k, r in fleet.blocked.items()]
+    problems += [(k, "degraded", r) for k, r in fleet.degraded.items()]
+    for key, state, reason in sorted(problems):
+        namespace, _, install_id = key.partition("/")
+        color = "red" if state == "blocked" else "yellow"
+        table.add_row(namespace, install_id[:8], f"[{color}]{state}[/{color}]", Text(reason))
+    console.print(table)

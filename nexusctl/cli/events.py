@@ -1,0 +1,109 @@
+"""``nexusctl events ...``: enqueue inbound connector events, import a Salesforce DX
+data plan as events, replay a failed work item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nexuscrm.connectors import workqueue
+from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
+from nexuscrm.errors import NexusError
+from nexuscrm.settings import Settings
+from nexusctl.cli.common import load_settings, open_engine
+from nexusctl.cli.render import console, fail, require_engine
+from nexusctl.temporal import connect, signal_fleet
+
+events_app = typer.Typer(help="Inbound connector events.", no_args_is_help=True)
+
+PackName = Annotated[str, typer.Option("--pack", help="Connector pack name.")]
+
+
+def connector_pack(settings: Settings, name: str) -> ConnectorPackRow:
+    """The installed, active connector pack ``name``; exits with an error otherwise."""
+    engine = require_engine(settings)
+    for row in list_connector_packs(engine):
+        if row.namespace == name and not row.drain_only:
+            return row
+    installed = ", ".join(r.namespace for r in list_connector_packs(engine)) or "none"
+    fail(f"connector pack {name!r} is not installed and active (installed: {installed})")
+
+
+async def _wake(settings: Settings, install_id: str) -> None:
+    with contextlib.suppress(Exception):  # no fleet running: the idle timer finds the work
+        await signal_fleet(await connect(settings), settings, "wake", install_id)
+
+
+def _enqueue(settings: Settings, requests: list[workqueue.EnqueueRequest], install_id: str) -> None:
+    engine = open_engine(settings)
+    result = workqueue.enqueue(engine, requests)
+    console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
+    asyncio.run(_wake(settings, install_id))
+
+
+@events_app.command("enqueue")
+def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
+    """Enqueue events from a JSON-lines FILE (one event object per line).
+
+    Keys: event_kind, idempotency_key, source_object, source_id, payload, and
+    optionally route_version, queue_class, target_object, target_remote_id.
+    """
+    settings = load_settings()
+    row = connector_pack(settings, pack)
+    requests = []
+    try:
+        lines = file.read_text().splitlines()
+    except OSError as exc:
+        fail(f"events file {file}: {exc.strerror or exc}")
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            requests.append(
+                workqueue.EnqueueRequest(
+                    installed_pack_id=row.install_id, namespace=row.namespace, **data
+                )
+            )
+        except (ValueError, TypeError) as exc:
+            fail(f"{file}:{n}: {exc}")
+    _enqueue(settings, requests, row.install_id)
+
+
+@events_app.command("import-sfdx-data")
+def events_import_sfdx_data(
+    plan: Path,
+    pack: PackName = "salesforce-sync",
+    shuffle: Annotated[bool, typer.Option(help="Shuffle: children may arrive first.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Shuffle seed.")] = None,
+) -> None:
+    """Turn a Salesforce DX data plan (sample-data-plan.json) into inbound events."""
+    settings = load_settings()
+    row = connector_pack(settings, pack)
+    try:
+        requests = events_from_sfdx_plan(
+            plan, installed_pack_id=row.install_id, namespace=row.namespace, shuffle=shuffle,
+            seed=seed,
+        )  # fmt: skip
+    except NexusError as exc:
+        fail(str(exc))
+    _enqueue(settings, requests, row.install_id)
+
+
+@events_app.command("replay")
+def events_replay(work_id: str) -> None:
+    """Replay a failed work item: a new item for the same event (ReplayOfWorkId set)."""
+    settings = load_settings()
+    engine = require_engine(settings)
+    try:
+        new_id = workqueue.replay(engine, work_id)
+    except NexusError as exc:
+        fail(str(exc))
+    console.print(f"replayed {work_id} as {new_id}")

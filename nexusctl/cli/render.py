@@ -1,0 +1,266 @@
+"""Shared CLI rendering: the consoles, one-line ``error:``/``warning:`` output and
+exits, the command group that turns expected failures into one ``error:`` line,
+and the phase, summary and status tables.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import pydantic
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import Engine, select
+from sqlalchemy import exc as sa_exc
+from temporalio.service import RPCError
+from typer.core import TyperGroup
+
+from nexuscrm.controlplane import markers
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import table_names
+from nexuscrm.errors import NexusError
+from nexuscrm.settings import Settings, default_database_url
+from nexusctl.cli.common import RUN, existing_engine, no_database, safe_url
+from workflows.models import ApplyAllResult, PhaseReport
+
+console = Console()
+err_console = Console(stderr=True)
+
+# ---------------------------------------------------------------------------
+# one-line errors and warnings
+
+
+def one_line(message: str) -> str:
+    """``message`` with its whitespace (newlines included) collapsed to single spaces."""
+    return " ".join(message.split())
+
+
+def error_line(message: str) -> None:
+    """Print ``error: <message>`` (one line) on stderr."""
+    err_console.print(f"[red]error:[/red] {escape(one_line(message))}", soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` (one line) on stderr."""
+    err_console.print(f"[yellow]warning:[/yellow] {escape(one_line(message))}", soft_wrap=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit 1."""
+    error_line(message)
+    raise typer.Exit(1)
+
+
+def _database_url() -> str:
+    if RUN.settings is not None:
+        return RUN.settings.database_url
+    return os.environ.get("NEXUS_DATABASE_URL") or default_database_url()
+
+
+def _temporal_address() -> str:
+    if RUN.settings is not None:
+        return RUN.settings.temporal_address
+    return os.environ.get("NEXUS_TEMPORAL_ADDRESS") or "127.0.0.1:7233"
+
+
+def _driver_message(exc: sa_exc.DBAPIError) -> str:
+    orig = exc.orig
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    if len(args) >= 2 and isinstance(args[0], int):  # PyMySQL: (1045, "Access denied ...")
+        return f"{args[1]} ({args[0]})"
+    return str(orig) if orig is not None else str(exc)
+
+
+def _settings_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        info = Settings.model_fields.get(field)
+        env_var = info.alias if info is not None and info.alias else f"NEXUS_{field.upper()}"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        # Never echo the input: a database URL may carry a password.
+        parts.append(msg if env_var in msg else f"{env_var}: {msg}")
+    return "invalid setting: " + "; ".join(parts)
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """The one-line message for an expected failure, or None for a bug.
+
+    Expected: ``NexusError``; invalid ``NEXUS_*`` settings (named by their
+    environment variable, value not echoed); a database URL SQLAlchemy cannot
+    use or a database that refuses the connection (URL redacted, driver
+    message); an unreachable Temporal server; a Temporal ``RPCError``.
+    """
+    if isinstance(exc, NexusError):
+        return str(exc)
+    if isinstance(exc, pydantic.ValidationError) and exc.title == Settings.__name__:
+        return _settings_message(exc)
+    if isinstance(exc, sa_exc.OperationalError):
+        url = safe_url(_database_url())
+        if exc.statement is None:
+            return f"cannot connect to database {url}: {_driver_message(exc)}"
+        return f"database {url}: {_driver_message(exc)}"
+    # An unknown driver, or a URL SQLAlchemy cannot parse (other ArgumentErrors are bugs).
+    if isinstance(exc, sa_exc.NoSuchModuleError) or (
+        isinstance(exc, sa_exc.ArgumentError) and "URL" in str(exc)
+    ):
+        return f"cannot connect to database {safe_url(_database_url())}: {exc}"
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Failed client connect"):
+        return f"cannot reach Temporal at {_temporal_address()} (start it with `nexusctl dev`)"
+    if isinstance(exc, RPCError):
+        return f"Temporal at {_temporal_address()}: {exc.message} ({exc.status.name})"
+    return None
+
+
+class NexusGroup(TyperGroup):
+    """The ``nexusctl`` command group: expected failures become one ``error:`` line.
+
+    Wraps every invocation (the console script and ``CliRunner`` alike): an
+    exception :func:`expected_failure` recognizes (bad settings, an
+    unreachable database or Temporal server, a ``NexusError`` ...) is printed
+    as ``error: <one line>`` on stderr and exits 1. Anything else is a bug
+    and keeps its traceback.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command; an expected failure prints one ``error:`` line and exits 1."""
+        RUN.reset()
+        try:
+            return super().main(
+                args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
+            )
+        except Exception as exc:
+            message = expected_failure(exc)
+            if message is None:
+                raise
+            error_line(message)
+            if standalone_mode:
+                sys.exit(1)
+            return 1
+
+
+def require_engine(settings: Settings) -> Engine:
+    """The configured database's engine; exits with an error when it does not exist yet."""
+    engine = existing_engine(settings)
+    if engine is None:
+        fail(no_database(settings))
+        raise AssertionError("unreachable")
+    return engine
+
+
+def end_live_output() -> None:
+    """End a live display's output with a newline where rich does not."""
+    # On a terminal rich ends the live display with a newline itself;
+    # elsewhere the next line would start right after the table's border.
+    if not console.is_terminal:
+        console.line()
+
+
+# ---------------------------------------------------------------------------
+# tables
+
+
+def phase_table(phases: list[PhaseReport], title: str) -> Table:
+    """Rich table of phases: name, status, seconds, detail or error."""
+    table = Table(title=title)
+    for col in ("phase", "status", "seconds", "detail / error"):
+        table.add_column(col)
+    colors = {"completed": "green", "failed": "red", "running": "yellow", "skipped": "dim"}
+    for p in phases:
+        color = colors.get(p.status, "white")
+        secs = f"{p.duration_s:.2f}" if p.duration_s is not None else ""
+        note = p.error or p.detail or ""
+        table.add_row(p.name, f"[{color}]{p.status}[/{color}]", secs, Text(note[:160]))
+    return table
+
+
+def print_summary(result: ApplyAllResult) -> None:
+    """A finished ApplyAll: status, duration and reason, its packs, its left-out formulas."""
+    console.print(
+        f"[bold green]{result.status}[/bold green] in {result.duration_s:.1f} s: {result.reason}"
+    )
+    if result.packs:
+        packs = Table(title="packs")
+        for col in ("pack", "category", "version", "objects", "payload hash"):
+            packs.add_column(col)
+        for p in result.packs:
+            packs.add_row(p.name, p.category, p.version, str(p.objects), p.payload_hash[:12])
+        console.print(packs)
+    for problem in result.formula_problems:
+        console.print(f"[yellow]formula left out of its view:[/yellow] {escape(problem)}")
+
+
+ERROR_CHARS = 400
+
+
+def _error_cell(error: str | None) -> Text:
+    """Up to ``ERROR_CHARS`` of an error, as plain text (wrapped by the table)."""
+    error = one_line(error or "")
+    return Text(error if len(error) <= ERROR_CHARS else error[: ERROR_CHARS - 1] + "…")
+
+
+def print_status(settings: Settings) -> None:
+    """Markers (with run id and last error) and installed packs of the database."""
+    engine = existing_engine(settings)
+    if engine is None:
+        console.print(no_database(settings))
+        return
+    if t.bootstrap_state.name not in table_names(engine):
+        console.print(f"database {safe_url(settings.database_url)} has no control-plane tables yet")
+        return
+    # Key/value rows rather than a table: the full run id and a long error must
+    # fit (wrapped) even on an 80-column terminal.
+    marks = Table.grid(padding=(0, 2))
+    marks.add_column(no_wrap=True)
+    marks.add_column(overflow="fold")
+    colors = {"completed": "green", "failed": "red"}
+    with engine.connect() as conn:
+        for row in conn.execute(select(t.bootstrap_state)).mappings():
+            color = colors.get(row["Status"], "yellow")
+            state = Text(row["Status"], style=color) + Text(f" (phase {row['Phase']})")
+            marks.add_row(Text(row["StateKey"], style="bold"), state)
+            marks.add_row("  run", row["RunID"])
+            if row["LastError"]:
+                marks.add_row("  last error", _error_cell(row["LastError"]))
+        packs = Table(title="installed packs")
+        for col in ("pack", "category", "version", "status", "payload hash"):
+            packs.add_column(col)
+        pack_errors = Table.grid(padding=(0, 2))
+        pack_errors.add_column(no_wrap=True)
+        pack_errors.add_column(overflow="fold")
+        for row in conn.execute(
+            select(t.installed_pack).order_by(t.installed_pack.c.Name)
+        ).mappings():
+            packs.add_row(
+                row["Name"], row["Category"], row["Version"], row["Status"],
+                row["PayloadHash"][:12],
+            )  # fmt: skip
+            if row["LastError"]:
+                pack_errors.add_row(f"{row['Name']} error", _error_cell(row["LastError"]))
+    console.print(
+        f"database {settings.database_id}: control-plane workflow id "
+        f"{settings.controlplane_workflow_id}, task queues {settings.controlplane_task_queue}, "
+        f"{settings.connector_task_queue} and {settings.identity_task_queue}"
+    )
+    console.print(f"[bold]markers[/bold] ({settings.database_id})")
+    console.print(marks)
+    console.print(packs)
+    if pack_errors.row_count:
+        console.print(pack_errors)
+    marker = markers.read(engine)
+    if marker is None or marker.status != markers.MarkerStatus.completed:
+        console.print("[yellow]ApplyAll has not completed on this database[/yellow]")
