@@ -46,7 +46,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from typer.core import TyperGroup
 
 from nexuscrm.catalog import object_table
-from nexuscrm.connectors import handoff, serving, workqueue
+from nexuscrm.connectors import handoff, queue, serving
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.controlplane import markers
@@ -821,7 +821,7 @@ def demo_sync(
             plan, installed_pack_id=row.install_id, namespace=row.namespace,
             shuffle=shuffle, seed=seed,
         )  # fmt: skip
-        result = workqueue.enqueue(engine, requests)
+        result = queue.enqueue(engine, requests)
         console.print(f"enqueued {result.inserted} events ({result.duplicates} already there)")
         client = await connect(settings)
         await start_fleet(client, settings)
@@ -830,7 +830,7 @@ def demo_sync(
             with Live(console=console, refresh_per_second=4) as live:
                 _RUN.live = live
                 while True:
-                    stats = workqueue.pack_queue_stats(engine, row.install_id)
+                    stats = queue.pack_queue_stats(engine, row.install_id)
                     states = stats[0].by_state() if stats else {}
                     live.update(f"sync: {states}  ({time.monotonic() - start:.1f} s)")
                     # blocked items wait for their parents (identity convergence)
@@ -856,7 +856,7 @@ def demo_sync(
         )
 
 
-def _print_synced(engine: Any, requests: list[workqueue.EnqueueRequest]) -> None:
+def _print_synced(engine: Any, requests: list[queue.EnqueueRequest]) -> None:
     objects = sorted({r.source_object for r in requests})
     table = Table(title="synced records")
     for col in ("object", "events", "rows in table"):
@@ -1135,9 +1135,9 @@ async def _wake(settings: Settings, install_id: str) -> None:
         await signal_fleet(await connect(settings), settings, "wake", install_id)
 
 
-def _enqueue(settings: Settings, requests: list[workqueue.EnqueueRequest], install_id: str) -> None:
+def _enqueue(settings: Settings, requests: list[queue.EnqueueRequest], install_id: str) -> None:
     engine = _engine(settings)
-    result = workqueue.enqueue(engine, requests)
+    result = queue.enqueue(engine, requests)
     console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
     asyncio.run(_wake(settings, install_id))
 
@@ -1165,7 +1165,7 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
         try:
             data = json.loads(line)
             requests.append(
-                workqueue.EnqueueRequest(
+                queue.EnqueueRequest(
                     installed_pack_id=row.install_id, namespace=row.namespace, **data
                 )
             )
@@ -1200,7 +1200,7 @@ def events_replay(work_id: str) -> None:
     settings = _settings()
     engine = _require_engine(settings)
     try:
-        new_id = workqueue.replay(engine, work_id)
+        new_id = queue.replay(engine, work_id)
     except NexusError as exc:
         _fail(str(exc))
     console.print(f"replayed {work_id} as {new_id}")
@@ -1230,7 +1230,7 @@ def connectors_status() -> None:
     if not packs:
         console.print("no connector pack is installed")
         return
-    stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
+    stats = {s.installed_pack_id: s for s in queue.pack_queue_stats(engine)}
 
     problem: str | None = None
 
