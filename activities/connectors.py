@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from temporalio import activity
 
 from activities.common import fatal_is_final, raise_if_cancelled
-from nexuscrm.connectors import handoff, knobs, reconcile, serving, workqueue
+from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.log import log
@@ -131,15 +131,17 @@ class ConnectorActivities:
     def claim(self, req: ClaimRequest) -> list[ClaimedLease]:
         """Claim one batch for the worker; returns (work id, lease token) pairs only."""
         c = req.config
-        leases = workqueue.claim_leases(
+        leases = queue.claim_leases(
             self.engine,
-            installed_pack_id=c.install_id,
-            queue_classes=c.queue_classes,
-            preferred_queue_classes=c.preferred_queue_classes,
-            batch_size=claim_size(c.batch_size),
-            lease_owner=req.lease_owner,
-            lease_seconds=c.lease_seconds,
-            max_processing_rows=c.max_processing_rows,
+            queue.ClaimSpec(
+                installed_pack_id=c.install_id,
+                queue_classes=c.queue_classes,
+                preferred_queue_classes=c.preferred_queue_classes,
+                batch_size=claim_size(c.batch_size),
+                lease_owner=req.lease_owner,
+                lease_seconds=c.lease_seconds,
+                max_processing_rows=c.max_processing_rows,
+            ),
         )
         return [ClaimedLease(work_id, token) for work_id, token in leases]
 
@@ -148,7 +150,7 @@ class ConnectorActivities:
     def process(self, req: ProcessRequest) -> BatchResult:
         """Load the claimed items and run them; heartbeat and extend leases as it goes."""
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
-        items = workqueue.load_claimed(self.engine, leases)
+        items = queue.load_claimed(self.engine, leases)
         last_extend = last_beat = time.monotonic()
         lease_s = req.config.lease_seconds
         activity.heartbeat()
@@ -164,7 +166,7 @@ class ConnectorActivities:
                 activity.heartbeat()
                 last_beat = now
             if now - last_extend > lease_s / 3:
-                workqueue.extend_leases(self.engine, leases, lease_s)
+                queue.extend_leases(self.engine, leases, lease_s)
                 last_extend = time.monotonic()
 
         outcome = self.processor.process(items, on_item=beat)

@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities.common import shielded
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, probe, wait_workflow_id
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
@@ -210,7 +210,7 @@ class IdentityActivities:
 
         Raises (the wait reschedules) when the probe fails or times out.
         """
-        rows = workqueue.blocked_rows(self.engine, req.key_hash, req.work_ids)
+        rows = wq.blocked_rows(self.engine, req.key_hash, req.work_ids)
         invalid = [
             r.work_id
             for r in rows
@@ -219,7 +219,7 @@ class IdentityActivities:
             or r.dependency.key_hash != req.key_hash
             or r.blocked_at is None
         ]
-        n_invalid = workqueue.terminalize_invalid(self.engine, invalid) if invalid else 0
+        n_invalid = wq.terminalize_invalid(self.engine, invalid) if invalid else 0
         if n_invalid:
             log.warning(
                 "invalid identity convergence wait terminalized",
@@ -233,7 +233,7 @@ class IdentityActivities:
             if r.work_id not in invalid
         ]
         if items:
-            workqueue.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
+            wq.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
         try:
             converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
         except Exception as exc:
@@ -251,7 +251,7 @@ class IdentityActivities:
     @shielded
     def expire(self, req: ExpireRequest) -> int:
         """Expire the due items (the wait probed unresolved just before)."""
-        n = workqueue.expire_blocked(
+        n = wq.expire_blocked(
             self.engine, req.work_ids, _naive(req.now).replace(microsecond=0), key_hash=req.key_hash
         )
         if n:
@@ -267,7 +267,7 @@ class IdentityActivities:
     @shielded
     def wake(self, key_hash: str) -> WakeResult:
         """Blocked items of ``key_hash`` -> pending; the packs to wake."""
-        by_pack = workqueue.wake_blocked_by_pack(self.engine, key_hash)
+        by_pack = wq.wake_blocked_by_pack(self.engine, key_hash)
         return WakeResult(sum(by_pack.values()), sorted(by_pack))
 
     # -- registration and recovery (async: they use the worker's client) -------
@@ -285,9 +285,7 @@ class IdentityActivities:
         if self.direct_wake and req.wake_keys:
             # The links are committed: their waiters go back to pending right here,
             # in one transaction, not a wait's probe-and-wake round trip each.
-            by_pack = await asyncio.to_thread(
-                workqueue.wake_blocked_keys, self.engine, req.wake_keys
-            )
+            by_pack = await asyncio.to_thread(wq.wake_blocked_keys, self.engine, req.wake_keys)
             packs.update(by_pack)
         fleet = client.get_workflow_handle(f"connector-fleet/{req.database_id}")
         for install_id in sorted(packs):
@@ -323,8 +321,8 @@ class IdentityActivities:
             *(register(spec, ids) for spec, ids in groups.values()),
         )
 
-    def _waitless_page(self, after: tuple[datetime, str] | None) -> list[workqueue.BlockedRow]:
-        return workqueue.list_waitless_blocked(self.engine, after=after)
+    def _waitless_page(self, after: tuple[datetime, str] | None) -> list[wq.BlockedRow]:
+        return wq.list_waitless_blocked(self.engine, after=after)
 
     @activity.defn(name="identity.recover")
     async def recover(self, database_id: str) -> int:
@@ -340,10 +338,10 @@ class IdentityActivities:
             return 0
         client = activity.client()
         queue = self.settings.identity_task_queue
-        await asyncio.to_thread(workqueue.convert_parked, self.engine)
-        invalid = await asyncio.to_thread(workqueue.list_invalid_blocked, self.engine)
+        await asyncio.to_thread(wq.convert_parked, self.engine)
+        invalid = await asyncio.to_thread(wq.list_invalid_blocked, self.engine)
         if invalid:
-            n = await asyncio.to_thread(workqueue.terminalize_invalid, self.engine, invalid)
+            n = await asyncio.to_thread(wq.terminalize_invalid, self.engine, invalid)
             log.warning(
                 "invalid identity convergence waits terminalized",
                 items=n,
@@ -351,7 +349,7 @@ class IdentityActivities:
             )
         started = 0
         after: tuple[datetime, str] | None = None
-        for _page in range(workqueue.RECOVERY_MAX_PAGES):
+        for _page in range(wq.RECOVERY_MAX_PAGES):
             rows = await asyncio.to_thread(self._waitless_page, after)
             groups: dict[str, tuple[Dependency, list[str]]] = {}
             bad: list[str] = []
@@ -361,7 +359,7 @@ class IdentityActivities:
                     continue
                 groups.setdefault(r.dependency.key_hash, (r.dependency, []))[1].append(r.work_id)
             if bad:
-                await asyncio.to_thread(workqueue.terminalize_invalid, self.engine, bad)
+                await asyncio.to_thread(wq.terminalize_invalid, self.engine, bad)
             for dep, work_ids in groups.values():
                 await start_wait(
                     client,
@@ -373,7 +371,7 @@ class IdentityActivities:
                 )
                 started += 1
             activity.heartbeat()
-            if len(rows) < workqueue.RECOVERY_PAGE:
+            if len(rows) < wq.RECOVERY_PAGE:
                 break
             last = rows[-1]
             assert last.blocked_at is not None
@@ -381,7 +379,7 @@ class IdentityActivities:
         else:
             log.warning(
                 "identity convergence recovery stopped at its page bound",
-                pages=workqueue.RECOVERY_MAX_PAGES,
+                pages=wq.RECOVERY_MAX_PAGES,
             )
         if started:
             log.info("identity waits recovered", waits=started)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
@@ -48,7 +48,7 @@ async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
     events = [
-        workqueue.EnqueueRequest(
+        queue.EnqueueRequest(
             installed_pack_id=pack.install_id,
             namespace=pack.namespace,
             event_kind="salesforce.record.upsert",
@@ -66,7 +66,7 @@ async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]
         for k in range(n)
     ]
     start = time.perf_counter()
-    workqueue.enqueue(engine, events)
+    queue.enqueue(engine, events)
     enqueue_rate = n / (time.perf_counter() - start)
     async with build_connector_worker(env.client, settings):
         start = time.perf_counter()
@@ -74,7 +74,7 @@ async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]
             env.client, settings, FleetInput(database_id=settings.database_id, idle_seconds=0.5)
         )
         while True:
-            stats = workqueue.pack_queue_stats(engine, pack.install_id)[0].by_state()
+            stats = queue.pack_queue_stats(engine, pack.install_id)[0].by_state()
             if stats.get("succeeded", 0) + stats.get("failed", 0) >= n:
                 break
             await asyncio.sleep(0.2)

@@ -46,7 +46,7 @@ from temporalio.testing import WorkflowEnvironment
 
 import activities.identity as identity_acts
 from nexuscrm import catalog
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -69,8 +69,8 @@ PHASE_TIMEOUT_S = 150.0
 
 def event(
     pack: object, sobject: str, rid: str, fields: dict[str, str], refs: dict[str, str]
-) -> workqueue.EnqueueRequest:
-    return workqueue.EnqueueRequest(
+) -> queue.EnqueueRequest:
+    return queue.EnqueueRequest(
         installed_pack_id=pack.install_id,  # type: ignore[attr-defined]
         namespace=pack.namespace,  # type: ignore[attr-defined]
         event_kind="salesforce.record.upsert",
@@ -128,7 +128,7 @@ async def poll_loop(engine: Engine, client: Client, settings: Settings, every: f
         def scan() -> set[str]:
             with engine.connect() as conn:
                 keys = [r[0] for r in conn.execute(query)]
-            return set(workqueue.wake_blocked_keys(engine, keys))  # one transaction
+            return set(queue.wake_blocked_keys(engine, keys))  # one transaction
 
         for install_id in sorted(await asyncio.to_thread(scan)):
             await signal_fleet(client, settings, "wake", install_id)
@@ -195,7 +195,7 @@ async def run(
         for k in range(n)
     ]
     parents = [event(pack, "Account", f"a{k}", {"Name": f"Account {k}"}, {}) for k in range(n)]
-    workqueue.enqueue(engine, children)
+    queue.enqueue(engine, children)
     seen: dict[str, float] = {}
     woken: dict[str, float] = {}
     stop = asyncio.Event()
@@ -224,11 +224,11 @@ async def run(
             else None
         )
         lanes = {
-            workqueue.lane_key(e.namespace, e.source_object, e.source_id): e.source_id
+            queue.lane_key(e.namespace, e.source_object, e.source_id): e.source_id
             for e in children + parents
         }
         watcher = asyncio.create_task(watch(engine, lanes, seen, woken, stop))
-        workqueue.enqueue(engine, parents)
+        queue.enqueue(engine, parents)
         await until(f"{2 * n} succeeded", lambda: count_state(engine, "succeeded") >= 2 * n)
         await asyncio.sleep(2 * WATCH_S)
         stop.set()

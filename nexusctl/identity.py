@@ -14,7 +14,7 @@ import asyncio
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.identity import Dependency, wait_workflow_id
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
@@ -36,7 +36,7 @@ async def wake_dependency(client: Client, settings: Settings, dep: Dependency) -
         pass  # no wait runs (or none answers): wake the rows directly
     engine = make_engine(settings.database_url)
     try:
-        by_pack = await asyncio.to_thread(workqueue.wake_blocked_by_pack, engine, dep.key_hash)
+        by_pack = await asyncio.to_thread(queue.wake_blocked_by_pack, engine, dep.key_hash)
     finally:
         engine.dispose()
     for install_id in sorted(by_pack):

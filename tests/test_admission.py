@@ -10,7 +10,7 @@ from sqlalchemy.engine import make_url
 
 from nexuscrm import cutover
 from nexuscrm.connectors import admission
-from nexuscrm.connectors import workqueue as wq
+from nexuscrm.connectors import queue as wq
 from nexuscrm.controlplane import markers, repair
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
@@ -109,12 +109,14 @@ def test_claim_takes_both_work_types_and_generation_is_the_oldest_claimable(engi
     assert admission.resolve_activation(engine, "sf", PACK, "e").generation == 3
     claimed = wq.claim(
         engine,
-        installed_pack_id=PACK,
-        queue_classes=(),
-        batch_size=10,
-        lease_owner="o",
-        lease_seconds=30,
-        max_processing_rows=10,
+        wq.ClaimSpec(
+            installed_pack_id=PACK,
+            queue_classes=(),
+            batch_size=10,
+            lease_owner="o",
+            lease_seconds=30,
+            max_processing_rows=10,
+        ),
     )
     assert len(claimed) == 2  # the ConnectorEvent and the WorkflowActionApply item
     with pytest.raises(admission.CapabilityGap, match="WorkflowActionApply"):

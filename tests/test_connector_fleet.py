@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
 from nexuscrm import cutover
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
@@ -319,7 +319,7 @@ async def test_drain_only_generation_is_served_until_its_queue_is_empty(
     await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    workqueue.enqueue(engine, hook_events(pack.install_id, ["a", "b", "c"]))
+    wq.enqueue(engine, hook_events(pack.install_id, ["a", "b", "c"]))
     with engine.begin() as conn:
         conn.execute(
             update(t.installed_pack)

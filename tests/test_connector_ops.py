@@ -7,7 +7,7 @@ import os
 
 from typer.testing import CliRunner
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
 from nexusctl.cli import app
@@ -35,7 +35,7 @@ async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     hook.script = {"bad": [400]}
-    workqueue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
+    queue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,

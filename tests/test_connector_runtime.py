@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select, text
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.controlplane.packs_apply import remove_pack
@@ -64,7 +64,7 @@ async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
     """Poll until no item is pending, processing or blocked; return counts by state."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        stats = workqueue.pack_queue_stats(engine)
+        stats = queue.pack_queue_stats(engine)
         by_state: dict[str, int] = {}
         for s in stats:
             for state, n in s.by_state().items():
@@ -100,7 +100,7 @@ async def test_corpus_data_plans_sync_shuffled(temporal_env, settings):
         events += events_from_sfdx_plan(
             plan, installed_pack_id=pack.install_id, namespace=pack.namespace, shuffle=True, seed=7
         )
-    result = workqueue.enqueue(engine, events)
+    result = queue.enqueue(engine, events)
     assert result.inserted == len(events)
     catalog.CACHE.invalidate()
     async with (
@@ -169,9 +169,9 @@ def hook_pack(path: Path, url: str, extra_route: bool = False) -> Path:
     return path
 
 
-def hook_events(install_id: str, keys: list[str]) -> list[workqueue.EnqueueRequest]:
+def hook_events(install_id: str, keys: list[str]) -> list[queue.EnqueueRequest]:
     return [
-        workqueue.EnqueueRequest(
+        queue.EnqueueRequest(
             installed_pack_id=install_id,
             namespace="hook-pack",
             event_kind="hook.event",
@@ -211,7 +211,7 @@ async def test_same_record_events_apply_in_enqueue_order_with_8_workers(temporal
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     events = [
-        workqueue.EnqueueRequest(
+        queue.EnqueueRequest(
             installed_pack_id=pack.install_id,
             namespace=pack.namespace,
             event_kind="salesforce.record.upsert",
@@ -229,7 +229,7 @@ async def test_same_record_events_apply_in_enqueue_order_with_8_workers(temporal
         for i in range(12)
         for k in range(6)
     ]
-    workqueue.enqueue(engine, events)
+    queue.enqueue(engine, events)
     catalog.CACHE.invalidate()
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
@@ -252,7 +252,7 @@ async def test_flow_errors_retry_with_backoff_fail_with_class_and_replay(
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     hook.script = {"flaky": [503, 503, 200], "broken": [400]}
-    workqueue.enqueue(engine, hook_events(pack.install_id, ["flaky", "broken"]))
+    queue.enqueue(engine, hook_events(pack.install_id, ["flaky", "broken"]))
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         await wait_drained(engine)
@@ -262,7 +262,7 @@ async def test_flow_errors_retry_with_backoff_fail_with_class_and_replay(
         assert items["broken"].State == "failed"
         assert items["broken"].FailureClass == "webhook-http-400"
         hook.script = {}  # the endpoint is fixed
-        new_id = workqueue.replay(engine, items["broken"].WorkId)
+        new_id = queue.replay(engine, items["broken"].WorkId)
         await fleet.signal("wake", pack.install_id)
         await wait_drained(engine)
         await fleet.signal("stop")
@@ -348,7 +348,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     events = [
-        workqueue.EnqueueRequest(
+        queue.EnqueueRequest(
             installed_pack_id=pack.install_id,
             namespace=pack.namespace,
             event_kind="salesforce.record.upsert",
@@ -365,7 +365,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
         )
         for k in range(400)
     ]
-    workqueue.enqueue(engine, events)
+    queue.enqueue(engine, events)
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,
@@ -382,7 +382,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
         inp.lease_seconds = 3
         fleet = await start_fleet(temporal_env.client, settings, inp)
         for _ in range(600):  # until batches are claimed (their batch reads take 1 s)
-            if workqueue.pack_queue_stats(engine)[0].by_state().get("processing", 0):
+            if queue.pack_queue_stats(engine)[0].by_state().get("processing", 0):
                 break
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)

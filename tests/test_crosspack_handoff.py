@@ -22,7 +22,7 @@ from sqlalchemy import Engine, select, update
 from activities.connectors import ConnectorActivities
 from nexuscrm import catalog, cutover
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.echo import record_outbound_write
 from nexuscrm.connectors.handoff import HANDOFF_MODES
@@ -112,8 +112,8 @@ def app_install_id(engine: Engine) -> str:
         )
 
 
-def event(engine: Engine, kind: str, remote_id: str, **fields: Any) -> workqueue.EnqueueRequest:
-    return workqueue.EnqueueRequest(
+def event(engine: Engine, kind: str, remote_id: str, **fields: Any) -> queue.EnqueueRequest:
+    return queue.EnqueueRequest(
         installed_pack_id=conn_pack(engine).install_id,
         namespace=NS,
         event_kind=kind,
@@ -126,14 +126,16 @@ def event(engine: Engine, kind: str, remote_id: str, **fields: Any) -> workqueue
 
 def run(engine: Engine, role: str = "local", n: int = 50) -> None:
     """Claim and process everything claimable once, with a processor of ``role``."""
-    items = workqueue.claim(
+    items = queue.claim(
         engine,
-        installed_pack_id=conn_pack(engine).install_id,
-        queue_classes=[],
-        batch_size=n,
-        lease_owner="test",
-        lease_seconds=60,
-        max_processing_rows=1000,
+        queue.ClaimSpec(
+            installed_pack_id=conn_pack(engine).install_id,
+            queue_classes=[],
+            batch_size=n,
+            lease_owner="test",
+            lease_seconds=60,
+            max_processing_rows=1000,
+        ),
     )
     assert items, "nothing claimed"
     Processor(engine, role=role, flow_deadline=None).process(items)
@@ -176,7 +178,7 @@ def commands(engine: Engine) -> list[Any]:
 
 
 def test_cross_pack_event_freezes_its_companion_and_runs_while_it_is_active(engine):
-    (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     e = t.connector_event
     with engine.connect() as conn:
         frozen = conn.execute(select(e.c.CompanionPackInstallId)).scalar_one()
@@ -188,7 +190,7 @@ def test_cross_pack_event_freezes_its_companion_and_runs_while_it_is_active(engi
 
 @pytest.mark.parametrize("change", ["removed", "new-incarnation", "failed"])
 def test_cross_pack_event_fails_when_its_frozen_companion_is_not_active(engine, change):
-    (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     ip = t.installed_pack
     if change == "removed":
         packs_apply.remove_pack(engine, "gizmo-app", force=True)
@@ -210,7 +212,7 @@ def test_cross_pack_event_fails_when_its_frozen_companion_is_not_active(engine, 
 
 
 def test_cross_pack_event_retries_while_its_companion_is_being_applied(engine):
-    (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     packs_apply.mark_pack_status(engine, "gizmo-app", "installing")
     run(engine)
     assert item_state(engine, work_id) == ("pending", "companion-pack-installing")
@@ -219,14 +221,14 @@ def test_cross_pack_event_retries_while_its_companion_is_being_applied(engine):
 
 def test_cross_pack_event_enqueued_without_an_active_companion_fails_closed(engine):
     packs_apply.remove_pack(engine, "gizmo-app", force=True)
-    (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.cross", "G1", Size__c=1)]).work_ids
     packs_apply.mark_pack_status(engine, "gizmo-app", "active")  # back, but not frozen
     run(engine)
     assert item_state(engine, work_id) == ("failed", "companion-pack-inactive")
 
 
 def test_route_without_companion_is_not_checked(engine):
-    (work_id,) = workqueue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=1)]).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=1)]).work_ids
     packs_apply.remove_pack(engine, "gizmo-app", force=True)
     run(engine)
     assert item_state(engine, work_id) == ("succeeded", None)
@@ -275,7 +277,7 @@ def test_echo_of_an_outbound_write_is_finished_without_running_the_flow(engine):
             remote_id="G1",
             fields={"size__c": 3, "Color__c": "red"},
         )
-    echo, other = workqueue.enqueue(
+    echo, other = queue.enqueue(
         engine,
         [
             event(engine, "gizmo.plain", "G1", Size__c=3, Color__c="red"),
@@ -309,7 +311,7 @@ def test_echo_write_is_consumed_once_and_other_changes_still_run(engine):
             fields={"Size__c": 3},
             now=utcnow() - 2 * dt.timedelta(hours=1),
         )  # fmt: skip  (expired)
-    changed, expired = workqueue.enqueue(
+    changed, expired = queue.enqueue(
         engine,
         [
             event(engine, "gizmo.plain", "G1", Size__c=4),  # not what we wrote
@@ -319,10 +321,10 @@ def test_echo_write_is_consumed_once_and_other_changes_still_run(engine):
     run(engine)
     assert last_attempt(engine, changed).CauseCode is None
     assert last_attempt(engine, expired).CauseCode is None
-    (echo,) = workqueue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=3)]).work_ids
+    (echo,) = queue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=3)]).work_ids
     run(engine)
     assert last_attempt(engine, echo).CauseCode == "outbound-echo"
-    (again,) = workqueue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=3)]).work_ids
+    (again,) = queue.enqueue(engine, [event(engine, "gizmo.plain", "G1", Size__c=3)]).work_ids
     run(engine)
     assert last_attempt(engine, again).CauseCode is None  # the write suppressed one echo only
     assert item_state(engine, again) == ("succeeded", None)
@@ -332,9 +334,7 @@ def test_echo_write_is_consumed_once_and_other_changes_still_run(engine):
 
 
 def test_handoff_role_writes_a_command_row_and_runs_no_flow(engine):
-    (work_id,) = workqueue.enqueue(
-        engine, [event(engine, "gizmo.handoff", "G1", Size__c=5)]
-    ).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.handoff", "G1", Size__c=5)]).work_ids
     run(engine, role="handoff")
     assert item_state(engine, work_id) == ("succeeded", None)
     (cmd,) = commands(engine)
@@ -354,16 +354,14 @@ def test_handoff_role_writes_a_command_row_and_runs_no_flow(engine):
 
 
 def test_local_role_does_not_run_a_handoff_route(engine):
-    (work_id,) = workqueue.enqueue(
-        engine, [event(engine, "gizmo.handoff", "G1", Size__c=5)]
-    ).work_ids
+    (work_id,) = queue.enqueue(engine, [event(engine, "gizmo.handoff", "G1", Size__c=5)]).work_ids
     run(engine, role="local")
     assert item_state(engine, work_id) == ("failed", "runtime-handoff-unavailable")
     assert commands(engine) == [] and gizmos(engine) == {}
 
 
 def test_handoff_role_refuses_flow_routes_with_no_local_fallback(engine, hook):
-    plain, webhook = workqueue.enqueue(
+    plain, webhook = queue.enqueue(
         engine,
         [event(engine, "gizmo.plain", "G1", Size__c=5), event(engine, "gizmo.hook", "G2")],
     ).work_ids
@@ -381,7 +379,7 @@ def test_handoff_role_refuses_flow_routes_with_no_local_fallback(engine, hook):
 def test_handoff_redo_path_still_writes_commands_and_never_flows(engine):
     """A chunk that fails (here: a command row already exists for one item) is redone
     item by item; the redo path hands off too and never falls back to a local flow."""
-    first, second = workqueue.enqueue(
+    first, second = queue.enqueue(
         engine,
         [event(engine, "gizmo.handoff", "G1"), event(engine, "gizmo.handoff", "G2")],
     ).work_ids
@@ -462,19 +460,21 @@ def test_handoff_supervisor_refuses_a_selected_route_whose_mode_does_not_support
 
 def block_waitless(engine: Engine) -> Dependency:
     """One blocked item whose wait is overdue: what fleet recovery would start a wait for."""
-    workqueue.enqueue(engine, [event(engine, "gizmo.handoff", "G1")])
-    (item,) = workqueue.claim(
+    queue.enqueue(engine, [event(engine, "gizmo.handoff", "G1")])
+    (item,) = queue.claim(
         engine,
-        installed_pack_id=conn_pack(engine).install_id,
-        queue_classes=[],
-        batch_size=1,
-        lease_owner="test",
-        lease_seconds=60,
-        max_processing_rows=10,
+        queue.ClaimSpec(
+            installed_pack_id=conn_pack(engine).install_id,
+            queue_classes=[],
+            batch_size=1,
+            lease_owner="test",
+            lease_seconds=60,
+            max_processing_rows=10,
+        ),
     )
     dep = Dependency.remote(NS, NS, "Gizmo__c", "parent-1")
     with engine.begin() as conn:
-        workqueue.block_item(
+        queue.block_item(
             conn, item, dep, summary="test", probe_after=utcnow() - dt.timedelta(minutes=5)
         )
     return dep
@@ -494,7 +494,7 @@ async def test_handoff_role_fleet_hands_off_and_does_no_identity_recovery(
         }
     )
     dep = block_waitless(engine)
-    (handed,) = workqueue.enqueue(engine, [event(engine, "gizmo.handoff", "G2")]).work_ids
+    (handed,) = queue.enqueue(engine, [event(engine, "gizmo.handoff", "G2")]).work_ids
     inp = fleet_input(settings)
     inp.reconcile_interval_seconds = 0.3
     inp.idle_seconds = 0.5

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.enrich import (
     DrainOnlyContext,
     EnrichmentError,
@@ -189,7 +189,7 @@ async def test_runtime_enriches_a_batch_with_one_read_per_object(
     engine = make_engine(settings.database_url)
     (row,) = list_connector_packs(engine)
     events = [
-        workqueue.EnqueueRequest(
+        queue.EnqueueRequest(
             installed_pack_id=row.install_id,
             namespace=row.namespace,
             event_kind="salesforce.record.upsert",
@@ -204,7 +204,7 @@ async def test_runtime_enriches_a_batch_with_one_read_per_object(
         )
         for k in range(6)
     ]
-    workqueue.enqueue(engine, events)
+    queue.enqueue(engine, events)
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         assert await wait_drained(engine) == {"succeeded": 6}

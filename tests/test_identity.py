@@ -15,7 +15,8 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 from activities.identity import IdentityActivities, start_wait
-from nexuscrm.connectors import workqueue
+from nexuscrm.clock import utcnow
+from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, wait_workflow_id
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -84,7 +85,7 @@ def block(engine: Engine, n: int, dep: Dependency = DEP, *, probe_after: Any = N
     """Enqueue and claim ``n`` items, block them on ``dep``; returns their work ids."""
     tag = uuid.uuid4().hex[:6]
     reqs = [
-        workqueue.EnqueueRequest(
+        wq.EnqueueRequest(
             installed_pack_id="inst-1",
             namespace="salesforce-sync",
             event_kind="record.upsert",
@@ -95,21 +96,21 @@ def block(engine: Engine, n: int, dep: Dependency = DEP, *, probe_after: Any = N
         )
         for i in range(n)
     ]
-    workqueue.enqueue(engine, reqs)
-    items = workqueue.claim(
+    wq.enqueue(engine, reqs)
+    items = wq.claim(
         engine,
-        installed_pack_id="inst-1",
-        queue_classes=[],
-        batch_size=n,
-        lease_owner="t",
-        lease_seconds=60,
-        max_processing_rows=1000,
+        wq.ClaimSpec(
+            installed_pack_id="inst-1",
+            queue_classes=[],
+            batch_size=n,
+            lease_owner="t",
+            lease_seconds=60,
+            max_processing_rows=1000,
+        ),
     )
     with engine.begin() as conn:
         for item in items:
-            workqueue.block_item(
-                conn, item, dep, summary="parent not linked", probe_after=probe_after
-            )
+            wq.block_item(conn, item, dep, summary="parent not linked", probe_after=probe_after)
     return [i.work_id for i in items]
 
 
@@ -562,7 +563,7 @@ def _probe_request(key: str, work_ids: list[str], timeout: float) -> Any:
         key_hash=key,
         dependency=to_spec(DEP),
         work_ids=work_ids,
-        alive_until=workqueue.utcnow().isoformat(),
+        alive_until=utcnow().isoformat(),
         timeout_seconds=timeout,
     )
 
@@ -635,7 +636,7 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
     await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    child = workqueue.EnqueueRequest(
+    child = wq.EnqueueRequest(
         installed_pack_id=pack.install_id,
         namespace=pack.namespace,
         event_kind="salesforce.record.upsert",
@@ -654,7 +655,7 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
     w = t.connector_work_item
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
-        workqueue.enqueue(engine, [child])
+        wq.enqueue(engine, [child])
         for _ in range(200):
             with engine.connect() as conn:
                 row = conn.execute(select(w.c.State, w.c.DependencyKeyHash)).one()
@@ -671,8 +672,8 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
                     DestinationObject="Account",
                     RemoteId="a1",
                     RecordId="ghost00000000000001",
-                    CreatedDate=workqueue.utcnow(),
-                    LastModifiedDate=workqueue.utcnow(),
+                    CreatedDate=utcnow(),
+                    LastModifiedDate=utcnow(),
                 )
             )
         woken = await wake_identity_convergence_remote_identity(
@@ -701,11 +702,11 @@ def test_wake_blocked_keys_wakes_every_key_once(settings):
     ids = block(engine, 2)
     ids2 = block(engine, 1, other)
     bystander = block(engine, 1, Dependency.record("Account", "not-woken"))
-    assert workqueue.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {"inst-1": 3}
+    assert wq.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {"inst-1": 3}
     assert {s for s, _c in states(engine, ids + ids2).values()} == {"pending"}
     assert states(engine, bystander)[bystander[0]][0] == "blocked"
-    assert workqueue.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {}
-    assert workqueue.wake_blocked_keys(engine, []) == {}
+    assert wq.wake_blocked_keys(engine, [DEP.key_hash, other.key_hash]) == {}
+    assert wq.wake_blocked_keys(engine, []) == {}
 
 
 @pytest.mark.parametrize("raw", ["0", "-5", "nan", "inf"])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from nexuscrm.connectors import workqueue as wq
+from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db.engine import make_engine
@@ -223,12 +223,14 @@ def test_plan_events_enqueue_idempotently(engine: Engine) -> None:
     assert again.work_ids == first.work_ids
     got = wq.claim(
         engine,
-        installed_pack_id=PACK,
-        queue_classes=[],
-        batch_size=100,
-        lease_owner="w",
-        lease_seconds=30,
-        max_processing_rows=100,
+        wq.ClaimSpec(
+            installed_pack_id=PACK,
+            queue_classes=[],
+            batch_size=100,
+            lease_owner="w",
+            lease_seconds=30,
+            max_processing_rows=100,
+        ),
     )
     assert len(got) == len(events)  # every record is its own lane
     assert {g.payload["remote_id"] for g in got} == {e.source_id for e in events}

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, delete, text, update
 
 from nexuscrm import catalog, cutover
 from nexuscrm.connectors import admission, reconcile
-from nexuscrm.connectors import workqueue as wq
+from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.desired import DesiredSet, desired_packs
 from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.connectors.reconcile import (

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, select, update
 
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors import workqueue as wq
+from nexuscrm.connectors import queue as wq
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -64,7 +64,7 @@ def claim(engine: Engine, now: datetime | None = None, **kw: Any) -> list[wq.Cla
         "now": now,
     }
     args.update(kw)
-    return wq.claim(engine, **args)
+    return wq.claim(engine, wq.ClaimSpec(**args))
 
 
 def items(engine: Engine) -> dict[str, dict[str, Any]]:

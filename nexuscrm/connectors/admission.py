@@ -36,7 +36,7 @@ from datetime import datetime
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.cutover import (
     CUTOVER_COMPLETED,
     CUTOVER_RECEIPT_KEY,
@@ -77,12 +77,12 @@ class Activation:
     fencing_token: str
 
 
-def require_capability(work_types: tuple[str, ...] = workqueue.CLAIMABLE_WORK_TYPES) -> None:
+def require_capability(work_types: tuple[str, ...] = queue.CLAIMABLE_WORK_TYPES) -> None:
     """The claim path must honour both work types (``HonorsClaimWorkTypes``).
 
     Raises :class:`CapabilityGap` naming the missing work types.
     """
-    needed = (workqueue.WORK_TYPE_CONNECTOR_EVENT, workqueue.WORK_TYPE_WORKFLOW_ACTION_APPLY)
+    needed = (queue.WORK_TYPE_CONNECTOR_EVENT, queue.WORK_TYPE_WORKFLOW_ACTION_APPLY)
     missing = [w for w in needed if w not in work_types]
     if missing:
         raise CapabilityGap(
@@ -135,8 +135,8 @@ def resolve_claim_generation(engine: Engine, install_id: str, now: datetime | No
             gen = conn.execute(
                 select(func.min(w.c.Generation)).where(
                     w.c.InstalledPackId == install_id,
-                    w.c.WorkType.in_(workqueue.CLAIMABLE_WORK_TYPES),
-                    w.c.State.in_(workqueue.NON_TERMINAL_STATES),
+                    w.c.WorkType.in_(queue.CLAIMABLE_WORK_TYPES),
+                    w.c.State.in_(queue.NON_TERMINAL_STATES),
                 )
             ).scalar()
     except SQLAlchemyError as exc:

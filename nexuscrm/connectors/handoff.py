@@ -28,8 +28,8 @@ from sqlalchemy import Connection
 
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors.desired import LOCAL_FLOW_MODES
+from nexuscrm.connectors.queue import ClaimedItem
 from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
-from nexuscrm.connectors.workqueue import ClaimedItem
 from nexuscrm.db import tables as t
 from nexuscrm.packs.model import InboundRoute
 

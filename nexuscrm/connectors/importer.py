@@ -10,7 +10,7 @@ and each named file (relative to the plan's folder) holds SObject tree records::
     {"records": [{"attributes": {"type": "Broker__c", "referenceId": "Broker__cRef1"},
                   "Name": "Caroline Kingsley", "Broker__c": "@Broker__cRef5", ...}]}
 
-Every record becomes one :class:`~nexuscrm.connectors.workqueue.EnqueueRequest`
+Every record becomes one :class:`~nexuscrm.connectors.queue.EnqueueRequest`
 as if a connector had received it from Salesforce: the ``referenceId`` stands
 for the remote (Salesforce) record id, and a lookup ``"@Ref"`` becomes the
 referenced record's remote id, listed in ``payload["references"]`` so the flow
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nexuscrm.connectors.workqueue import EnqueueRequest
+from nexuscrm.connectors.queue import EnqueueRequest
 from nexuscrm.errors import ManifestError
 
 DEFAULT_NAMESPACE = "salesforce"

@@ -12,7 +12,7 @@ item by item, one transaction each (the seed's shape), which isolates the bad
 item. Webhook items run one by one (an external call each).
 
 A lookup whose parent is not linked yet (``DependencyUnresolved``) blocks the
-item on that remote identity (``workqueue.block_item``, in the transaction
+item on that remote identity (``queue.block_item``, in the transaction
 that ends its attempt): the outcome lists the blocked items, for the caller to
 register their identity waits after commit. The remote links a batch creates
 are collected too; after commit, the key hashes among them that have blocked
@@ -50,7 +50,7 @@ from sqlalchemy import Connection, Engine, select
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
 from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
 from nexuscrm.connectors.flows import (
@@ -147,7 +147,7 @@ class Processor:
 
     def process(
         self,
-        items: Sequence[workqueue.ClaimedItem],
+        items: Sequence[queue.ClaimedItem],
         *,
         on_item: Callable[[], None] | None = None,
     ) -> BatchOutcome:
@@ -166,8 +166,8 @@ class Processor:
         self._companions = self._companion_states(items)
         cat = catalog.CACHE.get(self.engine)
         items, enrich_errors = self._enrich(items)
-        batched: list[tuple[workqueue.ClaimedItem, _Plan]] = []
-        single: list[workqueue.ClaimedItem] = []
+        batched: list[tuple[queue.ClaimedItem, _Plan]] = []
+        single: list[queue.ClaimedItem] = []
         for item in items:
             error = enrich_errors.get(item.work_id)
             plan = _Plan(error=error) if error is not None else self._plan(item)
@@ -202,12 +202,12 @@ class Processor:
                 for i in self._created
             }
             self._created = []
-            outcome.wake_keys |= workqueue.blocked_keys(self.engine, sorted(hashes))
+            outcome.wake_keys |= queue.blocked_keys(self.engine, sorted(hashes))
         return outcome
 
     def _finish_echoes(
-        self, items: Sequence[workqueue.ClaimedItem], outcome: BatchOutcome
-    ) -> list[workqueue.ClaimedItem]:
+        self, items: Sequence[queue.ClaimedItem], outcome: BatchOutcome
+    ) -> list[queue.ClaimedItem]:
         """Finish the items that echo an outbound write; return the others.
 
         One probe read per batch; only when something matches, one write
@@ -232,13 +232,13 @@ class Processor:
         matches = self.echo.probe(candidates)
         if not matches:
             return list(items)
-        echoed: list[workqueue.ClaimedItem] = []
-        with workqueue.write_transaction(self.engine) as conn:
-            held = workqueue.hold_leases(conn, [i for i in items if i.work_id in matches])
+        echoed: list[queue.ClaimedItem] = []
+        with queue.write_transaction(self.engine) as conn:
+            held = queue.hold_leases(conn, [i for i in items if i.work_id in matches])
             for item in held:
                 if self.echo.consume(conn, item.work_id, matches[item.work_id]):
                     echoed.append(item)
-            workqueue.finish_succeeded_many(
+            queue.finish_succeeded_many(
                 conn,
                 echoed,
                 flow_execution_ids={i.work_id: f"echo:{matches[i.work_id]}" for i in echoed},
@@ -256,7 +256,7 @@ class Processor:
             if i.work_id not in done and (i.work_id not in matches or i.work_id in held_ids)
         ]
 
-    def _companion_states(self, items: Sequence[workqueue.ClaimedItem]) -> dict[str, str]:
+    def _companion_states(self, items: Sequence[queue.ClaimedItem]) -> dict[str, str]:
         """``{companion install id: Status}`` of the AppPack incarnations the items froze.
 
         ``''`` for an id with no AppPack row (removed from the table or never
@@ -278,7 +278,7 @@ class Processor:
         return {i: found.get(i, "") for i in ids}
 
     def _check_companion(
-        self, item: workqueue.ClaimedItem, route: InboundRoute, pack: ConnectorPackRow
+        self, item: queue.ClaimedItem, route: InboundRoute, pack: ConnectorPackRow
     ) -> None:
         """Port of ``companionInstallStillInstalledChecker``: the frozen companion must be active.
 
@@ -335,20 +335,20 @@ class Processor:
         return client
 
     def _enrich(
-        self, items: Sequence[workqueue.ClaimedItem]
-    ) -> tuple[list[workqueue.ClaimedItem], dict[str, FlowError]]:
+        self, items: Sequence[queue.ClaimedItem]
+    ) -> tuple[list[queue.ClaimedItem], dict[str, FlowError]]:
         """Lay each record's current remote fields over its payload fields.
 
         One batch read per (pack, namespace, source object) for the whole
         batch. A failed read fails only the items of that group, with class
         ``enrichment-failed`` (retried when the error is retriable).
         """
-        groups: dict[tuple[str, str, str], list[workqueue.ClaimedItem]] = {}
+        groups: dict[tuple[str, str, str], list[queue.ClaimedItem]] = {}
         for item in items:
             groups.setdefault(
                 (item.installed_pack_id, item.namespace, item.source_object), []
             ).append(item)
-        enriched: dict[str, workqueue.ClaimedItem] = {}
+        enriched: dict[str, queue.ClaimedItem] = {}
         errors: dict[str, FlowError] = {}
         for (install_id, namespace, source_object), members in groups.items():
             try:
@@ -370,7 +370,7 @@ class Processor:
                     enriched[m.work_id] = dataclasses.replace(m, payload=payload)
         return [enriched.get(i.work_id, i) for i in items], errors
 
-    def _route(self, item: workqueue.ClaimedItem) -> tuple[InboundRoute, ConnectorPackRow]:
+    def _route(self, item: queue.ClaimedItem) -> tuple[InboundRoute, ConnectorPackRow]:
         """The item's route and pack, checked for this role and its companion.
 
         Raises ``RouteNotFoundError``, or ``FlowError`` for a route this
@@ -400,7 +400,7 @@ class Processor:
         self._check_companion(item, route, pack)
         return route, pack
 
-    def _plan(self, item: workqueue.ClaimedItem) -> _Plan:
+    def _plan(self, item: queue.ClaimedItem) -> _Plan:
         """Resolve the item's route: its flow request, or the error it fails with."""
         try:
             route, pack = self._route(item)
@@ -424,7 +424,7 @@ class Processor:
 
     def _flow_chunk(
         self,
-        chunk: Sequence[tuple[workqueue.ClaimedItem, _Plan]],
+        chunk: Sequence[tuple[queue.ClaimedItem, _Plan]],
         cat: catalog.Catalog,
         outcome: BatchOutcome,
     ) -> bool:
@@ -440,8 +440,8 @@ class Processor:
         start = time.monotonic()
         counts = BatchOutcome()
         try:
-            with workqueue.write_transaction(self.engine) as conn:
-                held = {i.work_id for i in workqueue.hold_leases(conn, [i for i, _p in chunk])}
+            with queue.write_transaction(self.engine) as conn:
+                held = {i.work_id for i in queue.hold_leases(conn, [i for i, _p in chunk])}
                 live = [(i, p) for i, p in chunk if i.work_id in held]
                 counts.lost = len(chunk) - len(live)
                 flow_items = [(i, p.request) for i, p in live if p.request is not None]
@@ -455,7 +455,7 @@ class Processor:
                 ):
                     late = FlowError("flow-deadline", "flow exceeded its deadline", retriable=True)
                     by_work = {w: late for w, res in by_work.items()}
-                succeeded: list[workqueue.ClaimedItem] = []
+                succeeded: list[queue.ClaimedItem] = []
                 commands = [p.command for _i, p in live if p.command and p.error is None]
                 handed = write_commands(conn, commands)
                 for item, plan in live:
@@ -466,8 +466,8 @@ class Processor:
                         succeeded.append(item)
                         continue
                     self._finish_error(conn, item, res, counts)
-                workqueue.finish_succeeded_many(conn, succeeded)
-                workqueue.finish_succeeded_many(
+                queue.finish_succeeded_many(conn, succeeded)
+                queue.finish_succeeded_many(
                     conn,
                     [c.item for c in commands],
                     flow_execution_ids=handed,
@@ -494,7 +494,7 @@ class Processor:
     def _finish_error(
         self,
         conn: Connection,
-        item: workqueue.ClaimedItem,
+        item: queue.ClaimedItem,
         exc: Exception,
         outcome: BatchOutcome,
     ) -> None:
@@ -504,8 +504,8 @@ class Processor:
             return
         if isinstance(exc, FlowError):
             if exc.retriable and item.attempt < self.max_attempts:
-                delay = workqueue.retry_backoff(item.attempt)
-                workqueue.finish_retry(
+                delay = queue.retry_backoff(item.attempt)
+                queue.finish_retry(
                     conn,
                     item,
                     run_after=utcnow() + delay,
@@ -519,39 +519,37 @@ class Processor:
             failure_class = "route-not-found"
         else:  # pragma: no cover - only FlowError / RouteNotFoundError reach here
             raise exc
-        workqueue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
+        queue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
         _count(outcome, "failed", failure_class)
 
     def _block(
         self,
         conn: Connection,
-        item: workqueue.ClaimedItem,
+        item: queue.ClaimedItem,
         exc: DependencyUnresolved,
         outcome: BatchOutcome,
     ) -> None:
         p = exc.parent
         dep = Dependency.remote(p.owner_key, p.namespace, p.destination_object, p.remote_id)
-        workqueue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
+        queue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
         outcome.blocked.append((item.work_id, dep))
         _count(outcome, "retried", exc.failure_class)
 
     def _one_guarded(
-        self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
+        self, item: queue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
     ) -> None:
         try:
             self._one(item, cat, outcome)
-        except workqueue.LeaseLost:
+        except queue.LeaseLost:
             outcome.lost += 1
 
-    def _one(
-        self, item: workqueue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
-    ) -> None:
+    def _one(self, item: queue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome) -> None:
         try:
             route, pack = self._route(item)
             if self.role == ROLE_HANDOFF:
                 with self.engine.begin() as conn:
                     handed = write_commands(conn, [RuntimeCommand(item, route, pack.namespace)])
-                    workqueue.finish_succeeded(
+                    queue.finish_succeeded(
                         conn,
                         item,
                         flow_execution_id=handed[item.work_id],
@@ -566,7 +564,7 @@ class Processor:
                     timeout_s=timeout,
                 )
                 with self.engine.begin() as conn:
-                    workqueue.finish_succeeded(conn, item)
+                    queue.finish_succeeded(conn, item)
             else:
                 start = time.monotonic()
                 created: list[RemoteIdentity] = []
@@ -588,7 +586,7 @@ class Processor:
                         raise FlowError(
                             "flow-deadline", "flow exceeded its deadline", retriable=True
                         )
-                    workqueue.finish_succeeded(conn, item)
+                    queue.finish_succeeded(conn, item)
                 self._created += created
             outcome.succeeded += 1
         except RouteNotFoundError as exc:
@@ -598,15 +596,15 @@ class Processor:
                 self._block(conn, item, exc, outcome)
         except FlowError as exc:
             if exc.retriable and item.attempt < self.max_attempts:
-                delay = workqueue.retry_backoff(item.attempt)
+                delay = queue.retry_backoff(item.attempt)
                 self._finish_retry(item, exc.failure_class, str(exc), delay, outcome)
             else:
                 self._finish_failed(item, exc.failure_class, str(exc), outcome)
-        except workqueue.LeaseLost:
+        except queue.LeaseLost:
             raise
         except Exception as exc:
             if is_transient(exc) and item.attempt < self.max_attempts:
-                delay = workqueue.retry_backoff(item.attempt)
+                delay = queue.retry_backoff(item.attempt)
                 self._finish_retry(item, "transient-db", describe_error(exc), delay, outcome)
             else:
                 log.error("flow raised", work_id=item.work_id, err=describe_error(exc))
@@ -614,23 +612,23 @@ class Processor:
 
     def _finish_retry(
         self,
-        item: workqueue.ClaimedItem,
+        item: queue.ClaimedItem,
         failure_class: str,
         summary: str,
         delay: dt.timedelta,
         outcome: BatchOutcome,
     ) -> None:
         with self.engine.begin() as conn:
-            workqueue.finish_retry(
+            queue.finish_retry(
                 conn, item, run_after=utcnow() + delay, failure_class=failure_class, summary=summary
             )
         outcome.retried += 1
         outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
 
     def _finish_failed(
-        self, item: workqueue.ClaimedItem, failure_class: str, summary: str, outcome: BatchOutcome
+        self, item: queue.ClaimedItem, failure_class: str, summary: str, outcome: BatchOutcome
     ) -> None:
         with self.engine.begin() as conn:
-            workqueue.finish_failed(conn, item, failure_class=failure_class, summary=summary)
+            queue.finish_failed(conn, item, failure_class=failure_class, summary=summary)
         outcome.failed += 1
         outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1

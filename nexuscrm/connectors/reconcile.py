@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from nexuscrm.connectors import admission, workqueue
+from nexuscrm.connectors import admission, queue
 from nexuscrm.connectors.desired import DesiredSet, desired_packs
 from nexuscrm.connectors.enrich import (
     DrainOnlyContext,
@@ -208,7 +208,7 @@ def drain_eligible(engine: Engine, row: ConnectorPackRow) -> bool:
         n = conn.execute(
             select(func.count()).where(
                 w.c.InstalledPackId == row.install_id,
-                w.c.State.in_(workqueue.NON_TERMINAL_STATES),
+                w.c.State.in_(queue.NON_TERMINAL_STATES),
             )
         ).scalar()
     return bool(n)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.service import RPCError, RPCStatusCode
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexusctl.cli.common import QUERY_TIMEOUT, existing_engine, load_settings, no_database
 from nexusctl.cli.render import console, expected_failure, fail
@@ -48,7 +48,7 @@ def connectors_status() -> None:
     if not packs:
         console.print("no connector pack is installed")
         return
-    stats = {s.installed_pack_id: s for s in workqueue.pack_queue_stats(engine)}
+    stats = {s.installed_pack_id: s for s in queue.pack_queue_stats(engine)}
 
     problem: str | None = None
 

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import text as sa_text
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -320,7 +320,7 @@ def demo_sync(
             plan, installed_pack_id=row.install_id, namespace=row.namespace,
             shuffle=shuffle, seed=seed,
         )  # fmt: skip
-        result = workqueue.enqueue(engine, requests)
+        result = queue.enqueue(engine, requests)
         console.print(f"enqueued {result.inserted} events ({result.duplicates} already there)")
         client = await connect(settings)
         await start_fleet(client, settings)
@@ -329,7 +329,7 @@ def demo_sync(
             with Live(console=console, refresh_per_second=4) as live:
                 RUN.live = live
                 while True:
-                    stats = workqueue.pack_queue_stats(engine, row.install_id)
+                    stats = queue.pack_queue_stats(engine, row.install_id)
                     states = stats[0].by_state() if stats else {}
                     live.update(f"sync: {states}  ({time.monotonic() - start:.1f} s)")
                     # blocked items wait for their parents (identity convergence)
@@ -355,7 +355,7 @@ def demo_sync(
         )
 
 
-def _print_synced(engine: Any, requests: list[workqueue.EnqueueRequest]) -> None:
+def _print_synced(engine: Any, requests: list[queue.EnqueueRequest]) -> None:
     objects = sorted({r.source_object for r in requests})
     table = Table(title="synced records")
     for col in ("object", "events", "rows in table"):

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from nexuscrm.connectors import workqueue
+from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.errors import NexusError
@@ -41,9 +41,9 @@ async def _wake(settings: Settings, install_id: str) -> None:
         await signal_fleet(await connect(settings), settings, "wake", install_id)
 
 
-def _enqueue(settings: Settings, requests: list[workqueue.EnqueueRequest], install_id: str) -> None:
+def _enqueue(settings: Settings, requests: list[queue.EnqueueRequest], install_id: str) -> None:
     engine = open_engine(settings)
-    result = workqueue.enqueue(engine, requests)
+    result = queue.enqueue(engine, requests)
     console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
     asyncio.run(_wake(settings, install_id))
 
@@ -68,7 +68,7 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
         try:
             data = json.loads(line)
             requests.append(
-                workqueue.EnqueueRequest(
+                queue.EnqueueRequest(
                     installed_pack_id=row.install_id, namespace=row.namespace, **data
                 )
             )
@@ -103,7 +103,7 @@ def events_replay(work_id: str) -> None:
     settings = load_settings()
     engine = require_engine(settings)
     try:
-        new_id = workqueue.replay(engine, work_id)
+        new_id = queue.replay(engine, work_id)
     except NexusError as exc:
         fail(str(exc))
     console.print(f"replayed {work_id} as {new_id}")

@@ -1,0 +1,205 @@
+"""The durable connector work queue: enqueue, claim, lease, finish, replay, stats.
+
+Port of the seed's ``connector/workqueue`` WorkItem path on the
+``_System_ConnectorEvent`` / ``_System_ConnectorWorkItem`` /
+``_System_ConnectorWorkAttempt`` tables (SQLAlchemy 2 Core, synchronous).
+
+Life of an item::
+
+    enqueue ──> pending ──claim──> processing ──finish_succeeded──> succeeded
+                   ^                   │  │
+                   └───finish_retry────┘  └──finish_failed──> failed ──replay──> (new pending item)
+
+``blocked`` (parked on an identity dependency) is set by :mod:`.parking`; it is
+non-terminal (it holds its source lane) and never claimable. The seed's other
+parked shape — ``State='processing'`` with ``DependencyKind`` set and no lease —
+is treated the same way: it is neither live nor stale.
+
+Ordering rules enforced by :func:`claim` (:mod:`.claiming`, candidates in :mod:`.scan`):
+
+* **source lanes** (``SourceLaneKey`` = ``namespace/source_object/source_id``):
+  only the head of a lane — the non-terminal item with the smallest
+  ``LaneOrdinal`` — is claimable, so the events of one remote record run one
+  at a time, in enqueue order;
+* **target mutation lanes** (``TargetMutationLaneKey``, default: the source
+  lane): at most one item per key holds a live lease at a time;
+* **processing budget**: a pack's processing rows (leased, live or stale;
+  parked rows excluded) never exceed ``max_processing_rows`` through new
+  claims; reclaiming a stale row re-leases a row already counted.
+
+Ordinals and ids. One sequence, allocated under the enqueue lock (below),
+numbers every enqueued event and every work item: an event gets
+``EventId = 'ev-<n:016d>'`` and ``EnqueueOrdinal = n``, its first work item
+``WorkId = 'wi-<n:016d>'`` and ``LaneOrdinal = n``; a replay takes a fresh
+``n``. The next ``n`` is read from the primary-key indexes (``MAX(EventId)`` /
+``MAX(WorkId)`` within the id prefix: two index probes, O(log rows)), so no
+counter table is needed and ordinals are globally unique and increasing —
+which makes them increasing within every lane, and puts a replay at the end of
+its lane. Sortable work ids also give :func:`claim` a first-in-first-out scan
+straight off the claim index.
+
+Locking. MySQL family: enqueue and replay serialize on the named lock
+``GET_LOCK('nexuscrm_connector_enqueue')``; claims of one pack serialize on a
+per-pack named lock (the processing budget and target-lane exclusivity are
+read-then-write decisions and need it). Each lock is taken *before* the
+transaction starts, so the transaction's REPEATABLE READ snapshot includes
+everything the previous holder committed. Inside a claim, the chosen rows are
+locked with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB 10.6+, MySQL 8) so a
+claim never waits behind a worker finishing a row; every state change is a
+compare-and-set on (WorkId, State, LeaseToken): finishes and lease extensions
+check the rowcount, a claim batch is one UPDATE whose winners are read back by
+their fresh, unique tokens. SQLite: ``BEGIN IMMEDIATE`` takes the database
+write lock up front, which serializes the same sections.
+
+Scope: source lanes are global (the lane key starts with the pack's
+namespace); the live-lease check of target lanes and the budget look at the
+claiming pack's rows (the claim index), since ``TargetMutationLaneKey`` has no
+index of its own.
+
+Times are naive UTC ``datetime`` with whole seconds (what DATETIME stores);
+a ``now`` argument, when given, is truncated to whole seconds.
+
+Modules (import from the package: it re-exports every public name)::
+
+    vocabulary  states, work types, outcomes, id prefixes, errors, shared helpers
+    shapes      EnqueueRequest, EnqueueResult, ClaimSpec, ClaimedItem, PackQueueStats, BlockedRow
+    locking     the enqueue / claim locks, the SQLite writer guard, write_transaction
+    enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
+    claiming    claim, claim_leases, load_claimed
+    scan        the claim's candidate scan (lane heads, target lanes, budget)
+    leases      extend_leases, hold_leases, finish_*, retry_backoff, attempt rows
+    parking     identity-convergence blocks: block_item, wake_*, expire, recovery
+    stats       pack_queue_stats, processing_pressure
+"""
+
+from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
+from nexuscrm.connectors.queue.enqueueing import enqueue, replay
+from nexuscrm.connectors.queue.leases import (
+    extend_leases,
+    finish_failed,
+    finish_retry,
+    finish_succeeded,
+    finish_succeeded_many,
+    hold_leases,
+    retry_backoff,
+)
+from nexuscrm.connectors.queue.locking import (
+    ENQUEUE_LOCK_NAME,
+    LOCK_WAIT_SECONDS,
+    write_transaction,
+)
+from nexuscrm.connectors.queue.parking import (
+    RECOVERY_MAX_PAGES,
+    RECOVERY_PAGE,
+    block_item,
+    blocked_keys,
+    blocked_rows,
+    convert_parked,
+    expire_blocked,
+    list_invalid_blocked,
+    list_waitless_blocked,
+    mark_wait_alive,
+    terminalize_invalid,
+    wake_blocked,
+    wake_blocked_by_pack,
+    wake_blocked_keys,
+)
+from nexuscrm.connectors.queue.shapes import (
+    BlockedRow,
+    ClaimedItem,
+    ClaimSpec,
+    EnqueueRequest,
+    EnqueueResult,
+    PackQueueStats,
+)
+from nexuscrm.connectors.queue.stats import pack_queue_stats, processing_pressure
+from nexuscrm.connectors.queue.vocabulary import (
+    CLAIMABLE_WORK_TYPES,
+    EVENT_ID_PREFIX,
+    NON_TERMINAL_STATES,
+    OUTCOME_ABANDONED,
+    OUTCOME_BLOCKED,
+    OUTCOME_FAILED,
+    OUTCOME_RETRY,
+    OUTCOME_SUCCEEDED,
+    RETRY_BACKOFF_BASE,
+    RETRY_BACKOFF_CAP,
+    STATE_BLOCKED,
+    STATE_FAILED,
+    STATE_PENDING,
+    STATE_PROCESSING,
+    STATE_SUCCEEDED,
+    TERMINAL_STATES,
+    WORK_ID_PREFIX,
+    WORK_TYPE_CONNECTOR_EVENT,
+    WORK_TYPE_WORKFLOW_ACTION_APPLY,
+    InvalidWorkRequest,
+    LeaseLost,
+    QueueLockTimeout,
+    lane_key,
+    normalize_queue_class,
+)
+
+__all__ = [
+    "CLAIMABLE_WORK_TYPES",
+    "ENQUEUE_LOCK_NAME",
+    "EVENT_ID_PREFIX",
+    "LOCK_WAIT_SECONDS",
+    "NON_TERMINAL_STATES",
+    "OUTCOME_ABANDONED",
+    "OUTCOME_BLOCKED",
+    "OUTCOME_FAILED",
+    "OUTCOME_RETRY",
+    "OUTCOME_SUCCEEDED",
+    "RECOVERY_MAX_PAGES",
+    "RECOVERY_PAGE",
+    "RETRY_BACKOFF_BASE",
+    "RETRY_BACKOFF_CAP",
+    "STATE_BLOCKED",
+    "STATE_FAILED",
+    "STATE_PENDING",
+    "STATE_PROCESSING",
+    "STATE_SUCCEEDED",
+    "TERMINAL_STATES",
+    "WORK_ID_PREFIX",
+    "WORK_TYPE_CONNECTOR_EVENT",
+    "WORK_TYPE_WORKFLOW_ACTION_APPLY",
+    "BlockedRow",
+    "ClaimSpec",
+    "ClaimedItem",
+    "EnqueueRequest",
+    "EnqueueResult",
+    "InvalidWorkRequest",
+    "LeaseLost",
+    "PackQueueStats",
+    "QueueLockTimeout",
+    "block_item",
+    "blocked_keys",
+    "blocked_rows",
+    "claim",
+    "claim_leases",
+    "convert_parked",
+    "enqueue",
+    "expire_blocked",
+    "extend_leases",
+    "finish_failed",
+    "finish_retry",
+    "finish_succeeded",
+    "finish_succeeded_many",
+    "hold_leases",
+    "lane_key",
+    "list_invalid_blocked",
+    "list_waitless_blocked",
+    "load_claimed",
+    "mark_wait_alive",
+    "normalize_queue_class",
+    "pack_queue_stats",
+    "processing_pressure",
+    "replay",
+    "retry_backoff",
+    "terminalize_invalid",
+    "wake_blocked",
+    "wake_blocked_by_pack",
+    "wake_blocked_keys",
+    "write_transaction",
+]

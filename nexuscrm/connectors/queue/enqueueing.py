@@ -1,0 +1,376 @@
+"""Enqueue and replay: new events and work items, numbered from one sequence.
+
+Both run under the enqueue lock (:data:`~nexuscrm.connectors.queue.locking.ENQUEUE_LOCK_NAME`),
+which is what makes the sequence probe of :func:`_next_seq` safe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from nexuscrm.connectors.queue.locking import ENQUEUE_LOCK_NAME, _serialized
+from nexuscrm.connectors.queue.shapes import EnqueueRequest, EnqueueResult
+from nexuscrm.connectors.queue.vocabulary import (
+    _KEY_LEN,
+    EVENT_ID_PREFIX,
+    STATE_FAILED,
+    STATE_PENDING,
+    WORK_ID_PREFIX,
+    WORK_TYPE_CONNECTOR_EVENT,
+    InvalidWorkRequest,
+    _e,
+    _now,
+    _parse_seq,
+    _seq_id,
+    _w,
+    lane_key,
+    normalize_queue_class,
+)
+from nexuscrm.cutover import EXECUTION_OWNER_WORK_ITEM
+from nexuscrm.db import tables as t
+from nexuscrm.errors import NexusError
+
+
+def _max_in_prefix(conn: Connection, column: Any, prefix: str) -> int:
+    """Largest sequence number among ids ``prefix<digits>`` (a primary-key range probe)."""
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    value = conn.execute(
+        select(func.max(column)).where(column >= prefix, column < upper)
+    ).scalar_one_or_none()
+    return _parse_seq(prefix, value)
+
+
+def _next_seq(conn: Connection) -> int:
+    """Next free number of the event/work-item sequence (caller holds the enqueue lock)."""
+    return (
+        max(
+            _max_in_prefix(conn, _e.c.EventId, EVENT_ID_PREFIX),
+            _max_in_prefix(conn, _w.c.WorkId, WORK_ID_PREFIX),
+        )
+        + 1
+    )
+
+
+def _validate(req: EnqueueRequest) -> tuple[str, str]:
+    """Check one request; return (payload JSON, normalized queue class)."""
+    if not req.installed_pack_id:
+        raise InvalidWorkRequest("enqueue: installed_pack_id is empty")
+    if not req.idempotency_key:
+        raise InvalidWorkRequest(f"enqueue ({req.installed_pack_id}): idempotency_key is empty")
+    if len(req.idempotency_key) > _KEY_LEN:
+        raise InvalidWorkRequest(
+            f"enqueue ({req.installed_pack_id}): idempotency_key longer than {_KEY_LEN} "
+            f"characters: {req.idempotency_key[:40]}..."
+        )
+    if not req.event_kind:
+        raise InvalidWorkRequest(f"enqueue {req.idempotency_key}: event_kind is empty")
+    if len(req.source_id) > _KEY_LEN:
+        raise InvalidWorkRequest(
+            f"enqueue {req.idempotency_key}: source_id longer than {_KEY_LEN} characters"
+        )
+    queue_class = normalize_queue_class(req.queue_class)
+    if not queue_class:
+        raise InvalidWorkRequest(f"enqueue {req.idempotency_key}: queue_class is empty")
+    try:
+        payload = json.dumps(req.payload, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidWorkRequest(
+            f"enqueue {req.idempotency_key}: payload is not JSON-serializable: {exc}"
+        ) from exc
+    return payload, queue_class
+
+
+def _current_work_ids(conn: Connection, event_ids: Sequence[str]) -> dict[str, str]:
+    """Current work item of each event: its newest item (by ``LaneOrdinal``).
+
+    Sequence-numbered events are answered from the primary key; only events
+    that were replayed or carry foreign ids are looked up by ``EventId``.
+    """
+    out: dict[str, str] = {}
+    derived: dict[str, str] = {}
+    for ev in event_ids:
+        n = _parse_seq(EVENT_ID_PREFIX, ev)
+        if n:
+            derived[_seq_id(WORK_ID_PREFIX, n)] = ev
+    slow: set[str] = set(event_ids)
+    if derived:
+        rows = conn.execute(
+            select(_w.c.WorkId, _w.c.EventId, _w.c.ReplayedAt).where(_w.c.WorkId.in_(list(derived)))
+        ).all()
+        for work_id, ev, replayed_at in rows:
+            if ev == derived.get(work_id) and replayed_at is None:
+                out[ev] = work_id
+                slow.discard(ev)
+    if slow:
+        rows2 = conn.execute(
+            select(_w.c.EventId, _w.c.WorkId, _w.c.LaneOrdinal)
+            .where(_w.c.EventId.in_(sorted(slow)))
+            .order_by(_w.c.LaneOrdinal, _w.c.WorkId)
+        ).all()
+        for ev, work_id, _ordinal in rows2:
+            out[ev] = work_id  # ascending: the newest wins
+    return out
+
+
+def enqueue(
+    engine: Engine,
+    requests: Sequence[EnqueueRequest],
+    *,
+    batch_size: int = 500,
+    now: datetime | None = None,
+) -> EnqueueResult:
+    """Enqueue connector events: one event row and one pending work item each.
+
+    Requests are written in batches of ``batch_size``, one transaction per
+    batch (a few statements per batch: the lock, two sequence probes, one
+    idempotency lookup, one multi-row INSERT per table). A request whose
+    (installed_pack_id, idempotency_key) exists already — in the database or
+    earlier in ``requests`` — is skipped and counted in ``duplicates``; its
+    ``work_ids`` entry is the existing item. New rows: event with
+    ``ExecutionOwner='work_item'`` and the next ``EnqueueOrdinal``; work item
+    ``WorkType='ConnectorEvent'``, ``State='pending'``, ``Attempt=0``,
+    ``RunAfter`` NULL, ``LaneOrdinal`` from the same sequence (see module doc).
+
+    Safe to call from many threads and processes at once: batches serialize on
+    the enqueue lock. A failed batch rolls back alone; earlier batches stay.
+
+    Raises ``InvalidWorkRequest`` (before writing anything) for a malformed
+    request, ``QueueLockTimeout`` when the enqueue lock is busy for 30 s, and
+    SQLAlchemy errors from the database.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    prepared = [(req, *_validate(req)) for req in requests]
+    result = EnqueueResult(inserted=0, duplicates=0, work_ids=[])
+    for start in range(0, len(prepared), batch_size):
+        batch = prepared[start : start + batch_size]
+        when = _now(now)
+        with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
+            _enqueue_batch(conn, batch, when, result)
+    return result
+
+
+def _enqueue_batch(
+    conn: Connection,
+    batch: Sequence[tuple[EnqueueRequest, str, str]],
+    now: datetime,
+    result: EnqueueResult,
+) -> None:
+    by_pack: dict[str, set[str]] = {}
+    for req, _p, _q in batch:
+        by_pack.setdefault(req.installed_pack_id, set()).add(req.idempotency_key)
+    existing: dict[tuple[str, str], str] = {}  # (pack, key) -> EventId
+    for pack, keys in by_pack.items():
+        for key, event_id in conn.execute(
+            select(_e.c.IdempotencyKey, _e.c.EventId).where(
+                _e.c.InstalledPackId == pack, _e.c.IdempotencyKey.in_(sorted(keys))
+            )
+        ).all():
+            existing[(pack, key)] = event_id
+    existing_work = _current_work_ids(conn, list(existing.values())) if existing else {}
+    companions = _freeze_companions(conn, [req for req, _p, _q in batch])
+
+    seq = _next_seq(conn)
+    events: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    fresh: dict[tuple[str, str], str] = {}  # keys inserted by this batch -> WorkId
+    for req, payload, queue_class in batch:
+        ident = (req.installed_pack_id, req.idempotency_key)
+        if ident in existing:
+            result.duplicates += 1
+            result.work_ids.append(existing_work.get(existing[ident], ""))
+            continue
+        if ident in fresh:
+            result.duplicates += 1
+            result.work_ids.append(fresh[ident])
+            continue
+        event_id = _seq_id(EVENT_ID_PREFIX, seq)
+        work_id = _seq_id(WORK_ID_PREFIX, seq)
+        source_lane = lane_key(req.namespace, req.source_object, req.source_id)
+        if req.target_object and req.target_remote_id:
+            target_lane = lane_key(req.namespace, req.target_object, req.target_remote_id)
+        else:
+            target_lane = source_lane
+        events.append(
+            {
+                "EventId": event_id,
+                "InstalledPackId": req.installed_pack_id,
+                "Namespace": req.namespace,
+                "EventKind": req.event_kind,
+                "RouteVersion": req.route_version,
+                "IdempotencyKey": req.idempotency_key,
+                "SourceObject": req.source_object,
+                "SourceId": req.source_id,
+                "Payload": payload,
+                "ExecutionOwner": EXECUTION_OWNER_WORK_ITEM,
+                "EnqueueOrdinal": seq,
+                "CompanionPackInstallId": (
+                    req.companion_pack_install_id
+                    if req.companion_pack_install_id is not None
+                    else companions.get(_route_key(req))
+                ),
+                "CreatedDate": now,
+                "LastModifiedDate": now,
+            }
+        )
+        items.append(
+            _new_item_row(
+                work_id,
+                event_id,
+                req.installed_pack_id,
+                queue_class,
+                source_lane,
+                target_lane,
+                seq,
+                now,
+            )
+        )
+        fresh[ident] = work_id
+        result.work_ids.append(work_id)
+        seq += 1
+    if events:
+        conn.execute(_e.insert(), events)
+        conn.execute(_w.insert(), items)
+        result.inserted += len(events)
+
+
+def _route_key(req: EnqueueRequest) -> tuple[str, str, int]:
+    return (req.installed_pack_id, req.event_kind.strip().lower(), req.route_version)
+
+
+def _freeze_companions(
+    conn: Connection, requests: Sequence[EnqueueRequest]
+) -> dict[tuple[str, str, int], str]:
+    """Companion incarnation of each cross-pack route among ``requests``, frozen now.
+
+    Maps ``(installed pack id, event kind, route version)`` of every route
+    that names a ``companion_pack`` to the ``PackInstallId`` of the active
+    AppPack of that name, or ``''`` when none is active (fail closed: the
+    event's companion check fails). Routes are read from the connector
+    packs' installed payloads (plain JSON, no model parse: this runs under
+    the enqueue lock). Requests with an explicit companion are skipped.
+    """
+    packs = sorted({r.installed_pack_id for r in requests if r.companion_pack_install_id is None})
+    if not packs:
+        return {}
+    ip = t.installed_pack
+    wanted: dict[tuple[str, str, int], str] = {}
+    for install_id, payload in conn.execute(
+        select(ip.c.PackInstallId, ip.c.Payload).where(
+            ip.c.PackInstallId.in_(packs), ip.c.Category == "ConnectorPack"
+        )
+    ).all():
+        for route in json.loads(payload or "{}").get("inbound_routes") or ():
+            if route.get("companion_pack"):
+                key = (install_id, route["event_kind"], int(route.get("route_version", 1)))
+                wanted[key] = route["companion_pack"]
+    if not wanted:
+        return {}
+    active = {
+        name: install_id
+        for name, install_id in conn.execute(
+            select(ip.c.Name, ip.c.PackInstallId).where(
+                ip.c.Name.in_(sorted(set(wanted.values()))),
+                ip.c.Category == "AppPack",
+                ip.c.Status == "active",
+            )
+        ).all()
+    }
+    return {key: active.get(name, "") for key, name in wanted.items()}
+
+
+def _new_item_row(
+    work_id: str,
+    event_id: str,
+    installed_pack_id: str,
+    queue_class: str,
+    source_lane: str | None,
+    target_lane: str | None,
+    lane_ordinal: int,
+    now: datetime,
+    *,
+    work_type: str = WORK_TYPE_CONNECTOR_EVENT,
+    replay_of: str | None = None,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {c.name: None for c in _w.columns}
+    row.update(
+        WorkId=work_id,
+        EventId=event_id,
+        InstalledPackId=installed_pack_id,
+        WorkType=work_type,
+        QueueClass=queue_class,
+        State=STATE_PENDING,
+        Attempt=0,
+        OwnershipEpoch=0,
+        FailureCount=0,
+        ReplayOfWorkId=replay_of,
+        SourceLaneKey=source_lane,
+        TargetMutationLaneKey=target_lane,
+        Generation=0,
+        LaneOrdinal=lane_ordinal,
+        CreatedDate=now,
+        LastModifiedDate=now,
+    )
+    return row
+
+
+# --- replay -------------------------------------------------------------------
+
+
+def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
+    """Run a ``failed`` item's event again; return the new item's WorkId.
+
+    Inserts a new pending work item for the same event (same pack, work type,
+    queue class and lanes) with ``ReplayOfWorkId=work_id`` and a fresh lane
+    ordinal at the end of its lane, and stamps ``ReplayedAt`` on the old row,
+    in one transaction under the enqueue lock.
+
+    Raises ``NexusError`` when the item does not exist, is not ``failed``
+    (naming its state), or was replayed already (naming the replacement).
+    """
+    when = _now(now)
+    with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
+        old = conn.execute(select(_w).where(_w.c.WorkId == work_id)).mappings().first()
+        if old is None:
+            raise NexusError(f"replay {work_id}: no such work item")
+        if old["State"] != STATE_FAILED:
+            raise NexusError(
+                f"replay {work_id}: only a failed work item can be replayed; it is {old['State']}"
+            )
+        if old["ReplayedAt"] is not None:
+            newer = conn.execute(
+                select(_w.c.WorkId).where(_w.c.ReplayOfWorkId == work_id)
+            ).scalar_one_or_none()
+            raise NexusError(f"replay {work_id}: replayed already (as {newer})")
+        seq = _next_seq(conn)
+        new_id = _seq_id(WORK_ID_PREFIX, seq)
+        res = conn.execute(
+            _w.update()
+            .where(_w.c.WorkId == work_id, _w.c.State == STATE_FAILED, _w.c.ReplayedAt.is_(None))
+            .values(ReplayedAt=when, LastModifiedDate=when)
+        )
+        if res.rowcount != 1:
+            raise NexusError(f"replay {work_id}: the item changed concurrently")
+        conn.execute(
+            _w.insert(),
+            [
+                _new_item_row(
+                    new_id,
+                    old["EventId"],
+                    old["InstalledPackId"],
+                    old["QueueClass"],
+                    old["SourceLaneKey"],
+                    old["TargetMutationLaneKey"],
+                    seq,
+                    when,
+                    work_type=old["WorkType"],
+                    replay_of=work_id,
+                )
+            ],
+        )
+        return new_id

@@ -1,0 +1,141 @@
+"""Queue locking: the enqueue and per-pack claim locks, the SQLite writer guard.
+
+MySQL family: enqueue and replay serialize on the named lock
+:data:`ENQUEUE_LOCK_NAME`, claims of one pack on a per-pack named lock
+(:func:`_claim_lock_name`), each taken before its transaction starts (see
+:func:`_serialized`). SQLite: ``BEGIN IMMEDIATE`` plus an in-process writer lock
+per database file (:func:`_sqlite_writer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, Engine, text
+
+from nexuscrm.connectors.queue.vocabulary import QueueLockTimeout
+from nexuscrm.db.dialect import dialect_name
+
+ENQUEUE_LOCK_NAME = "nexuscrm_connector_enqueue"
+LOCK_WAIT_SECONDS = 30
+
+_SKIP_LOCKED_CACHE: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+
+
+def _skip_locked(conn: Connection) -> bool:
+    """True when the server supports ``FOR UPDATE SKIP LOCKED`` (MariaDB 10.6+, MySQL 8).
+
+    TiDB (which reports a MySQL 8 version) is detected by ``VERSION()`` and excluded.
+    """
+    if dialect_name(conn) != "mysql":
+        return False
+    engine = conn.engine
+    cached = _SKIP_LOCKED_CACHE.get(engine)
+    if cached is not None:
+        return cached
+    version = str(conn.execute(text("SELECT VERSION()")).scalar_one()).lower()
+    info = tuple(conn.dialect.server_version_info or ())
+    if "tidb" in version:
+        ok = False
+    elif getattr(conn.dialect, "is_mariadb", False):
+        ok = info >= (10, 6)
+    else:
+        ok = info >= (8, 0, 1)
+    _SKIP_LOCKED_CACHE[engine] = ok
+    return ok
+
+
+_SQLITE_WRITERS: dict[str, threading.Lock] = {}
+_SQLITE_WRITERS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _sqlite_writer(engine: Engine) -> Iterator[None]:
+    """SQLite: hold this process's writer lock of the database file; else nothing.
+
+    SQLite admits one writer; a writer that finds the database locked sleeps
+    in the busy handler's steps (up to 100 ms each) instead of waking when
+    the lock frees, so concurrent claims and batch commits of one process
+    queued behind each other for tens of milliseconds. Writers of one
+    process (claims, enqueues, replays and batch finishes) now queue on an
+    in-process lock first and start the moment the previous one commits;
+    other processes still meet ``BEGIN IMMEDIATE`` and the busy timeout.
+    """
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        yield
+        return
+    key = os.path.realpath(str(url.database))
+    with _SQLITE_WRITERS_GUARD:
+        lock = _SQLITE_WRITERS.setdefault(key, threading.Lock())
+    with lock:
+        yield
+
+
+@contextmanager
+def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
+    """A write transaction serialized on ``lock_name``; commits on success.
+
+    SQLite: ``BEGIN IMMEDIATE`` (the database write lock; ``lock_name`` is
+    moot). MySQL family: ``GET_LOCK(lock_name)`` in its own short transaction,
+    then a fresh transaction (so its snapshot follows the previous holder's
+    commit), ``RELEASE_LOCK`` after commit or rollback. Raises
+    ``QueueLockTimeout`` when the lock is not granted in ``LOCK_WAIT_SECONDS``.
+    """
+    with _sqlite_writer(engine), engine.connect() as conn:
+        mysql = dialect_name(conn) == "mysql"
+        if mysql:
+            got = conn.execute(
+                text("SELECT GET_LOCK(:n, :w)"), {"n": lock_name, "w": LOCK_WAIT_SECONDS}
+            ).scalar()
+            conn.commit()
+            if got != 1:
+                raise QueueLockTimeout(
+                    f"queue lock {lock_name!r} not granted within {LOCK_WAIT_SECONDS} s"
+                )
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            if mysql:
+                try:
+                    conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": lock_name})
+                    conn.commit()
+                except Exception:  # a dead session has released the lock already
+                    conn.invalidate()
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A write transaction that commits on success and rolls back on error.
+
+    SQLite: ``BEGIN IMMEDIATE``, so the database write lock is held from the
+    first read (a deferred transaction that read first could not upgrade
+    after another writer's commit: ``database is locked`` at once). MySQL
+    family: an ordinary transaction.
+    """
+    with _sqlite_writer(engine), engine.connect() as conn:
+        if dialect_name(conn) == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+
+
+def _claim_lock_name(installed_pack_id: str) -> str:
+    # MySQL lock names are limited to 64 characters.
+    digest = hashlib.sha1(installed_pack_id.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return f"nexuscrm_claim_{digest[:40]}"

@@ -1,0 +1,156 @@
+"""Work-queue vocabulary: states, work types, outcomes, ids, errors, shared helpers.
+
+Everything here is shared by the other modules of :mod:`nexuscrm.connectors.queue`.
+The underscore names (table handles ``_w`` / ``_e`` / ``_a``, ``_now``,
+``_truncate``, ``_parked`` ...) are internal to the package: its modules import
+them from here; callers outside it use the public names the package exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, case
+from sqlalchemy.sql.elements import ColumnElement
+
+from nexuscrm.clock import utcnow
+from nexuscrm.db import tables as t
+from nexuscrm.errors import FatalError, NexusError
+
+STATE_PENDING = "pending"
+STATE_PROCESSING = "processing"
+STATE_BLOCKED = "blocked"
+STATE_SUCCEEDED = "succeeded"
+STATE_FAILED = "failed"
+NON_TERMINAL_STATES: tuple[str, ...] = (STATE_PENDING, STATE_PROCESSING, STATE_BLOCKED)
+TERMINAL_STATES: tuple[str, ...] = (STATE_SUCCEEDED, STATE_FAILED)
+
+WORK_TYPE_CONNECTOR_EVENT = "ConnectorEvent"
+WORK_TYPE_WORKFLOW_ACTION_APPLY = "WorkflowActionApply"
+CLAIMABLE_WORK_TYPES: tuple[str, ...] = (WORK_TYPE_CONNECTOR_EVENT, WORK_TYPE_WORKFLOW_ACTION_APPLY)
+
+
+OUTCOME_SUCCEEDED = "succeeded"
+OUTCOME_RETRY = "retry"
+OUTCOME_FAILED = "failed"
+OUTCOME_ABANDONED = "abandoned"
+OUTCOME_BLOCKED = "blocked"
+
+EVENT_ID_PREFIX = "ev-"
+WORK_ID_PREFIX = "wi-"
+_SEQ_WIDTH = 16
+
+RETRY_BACKOFF_BASE = timedelta(seconds=1)
+RETRY_BACKOFF_CAP = timedelta(minutes=5)
+
+_KEY_LEN = t.KEY  # VARCHAR(191) lane / idempotency key columns
+_SUMMARY_LIMIT = 4000
+_CODE_LIMIT = 64
+
+_w = t.connector_work_item
+_e = t.connector_event
+_a = t.connector_work_attempt
+
+
+# --- errors -------------------------------------------------------------------
+
+
+class LeaseLost(NexusError):
+    """A finish or lease extension found that ``work_id``'s lease token changed.
+
+    Another worker reclaimed the item after this worker's lease went stale (or
+    the item was finished already); the caller must discard its result and
+    roll back its own writes of the same transaction.
+    """
+
+    def __init__(self, work_id: str) -> None:
+        super().__init__(f"work item {work_id}: lease lost (token no longer matches)")
+        self.work_id = work_id
+
+
+class InvalidWorkRequest(FatalError, ValueError):
+    """An enqueue request is malformed (empty key, unserializable payload ...)."""
+
+
+class QueueLockTimeout(NexusError, TimeoutError):
+    """A queue lock (enqueue or per-pack claim) was not granted in time.
+
+    Subclasses ``TimeoutError``, so ``nexuscrm.db.dialect.is_transient`` treats
+    it as retryable.
+    """
+
+
+# --- small helpers ------------------------------------------------------------
+
+
+def _now(now: datetime | None) -> datetime:
+    """``now`` (or the clock) as naive UTC with whole seconds."""
+    value = utcnow() if now is None else now
+    if value.tzinfo is not None:
+        raise ValueError("now must be a naive UTC datetime")
+    return value.replace(microsecond=0)
+
+
+def _lease_until(now: datetime, lease_seconds: float) -> datetime:
+    if lease_seconds <= 0:
+        raise ValueError(f"lease_seconds must be positive, got {lease_seconds}")
+    return (now + timedelta(seconds=lease_seconds)).replace(microsecond=0)
+
+
+def normalize_queue_class(raw: str) -> str:
+    """Trimmed, lower-cased queue class (``''`` for a blank one)."""
+    return raw.strip().lower()
+
+
+def _normalize_classes(raw: Sequence[str]) -> list[str]:
+    """Normalized, de-duplicated, blanks dropped, order kept."""
+    out: list[str] = []
+    for value in raw:
+        qc = normalize_queue_class(value)
+        if qc and qc not in out:
+            out.append(qc)
+    return out
+
+
+def lane_key(namespace: str, object_name: str, record_id: str) -> str:
+    """``namespace/object/id``; longer than 191 characters -> 150-char prefix + ``#sha1``.
+
+    Deterministic, so every enqueue of one remote record lands in one lane.
+    """
+    raw = f"{namespace}/{object_name}/{record_id}"
+    if len(raw) <= _KEY_LEN:
+        return raw
+    digest = hashlib.sha1(raw.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return f"{raw[:150]}#{digest}"
+
+
+def _seq_id(prefix: str, n: int) -> str:
+    return f"{prefix}{n:0{_SEQ_WIDTH}d}"
+
+
+def _parse_seq(prefix: str, value: str | None) -> int:
+    if not value or not value.startswith(prefix):
+        return 0
+    digits = value[len(prefix) : len(prefix) + _SEQ_WIDTH]
+    return int(digits) if digits.isdigit() else 0
+
+
+def _truncate(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def _parked(w: Any) -> ColumnElement[bool]:
+    """The seed's parked-processing shape: a dependency and no lease at all."""
+    return and_(
+        w.c.DependencyKind.is_not(None),
+        w.c.LeaseOwner.is_(None),
+        w.c.LeaseToken.is_(None),
+        w.c.LeaseUntil.is_(None),
+    )
+
+
+def _case(cond: ColumnElement[bool]) -> Any:
+    return case((cond, 1), else_=0)
