@@ -20,6 +20,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from nexuscrm import catalog
+from nexuscrm.contracts import (
+    ApplyPacksRequest,
+    AutoStartDecisionInfo,
+    PhaseRequest,
+    PlannedPackInfo,
+    PlanRequest,
+    RepairRequest,
+    VerifyRequest,
+)
 from nexuscrm.controlplane import (
     derived,
     indexes,
@@ -36,15 +45,6 @@ from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
 from nexuscrm.settings import Settings
-from workflows.models import (
-    ApplyPacksRequest,
-    AutoStartDecisionInfo,
-    PhaseRequest,
-    PlannedPackInfo,
-    PlanRequest,
-    RepairRequest,
-    VerifyRequest,
-)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,10 +136,6 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _plan_info(p: packs_apply.PlannedPack) -> PlannedPackInfo:
-    return PlannedPackInfo(p.name, p.category, p.version, p.payload_hash, p.source, p.objects)
-
-
 class ControlPlaneActivities:
     """All control-plane activities for one database (``engine``)."""
 
@@ -219,7 +215,7 @@ class ControlPlaneActivities:
             )
             if t.object_meta.name in table_names(self.engine):
                 packs_apply.validate_plan(catalog.CACHE.get(self.engine), plan)
-            return [_plan_info(p) for p in packs_apply.summarize(plan)]
+            return packs_apply.summarize(plan)
 
     @activity.defn(name="controlplane.apply_metadata")
     @fatal_is_final

@@ -12,7 +12,6 @@ time out waiting for it, never expire anything).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import threading
@@ -28,10 +27,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from nexuscrm.connectors import workqueue
-from nexuscrm.connectors.identity import Dependency, probe, wait_workflow_id
-from nexuscrm.log import log
-from nexuscrm.settings import Settings
-from workflows.models import (
+from nexuscrm.connectors.identity import Dependency, from_spec, probe, to_spec, wait_workflow_id
+from nexuscrm.contracts import (
     DependencySpec,
     ExpireRequest,
     IdentityWaitConfig,
@@ -42,6 +39,8 @@ from workflows.models import (
     WaitNotifyRequest,
     WakeResult,
 )
+from nexuscrm.log import log
+from nexuscrm.settings import Settings
 
 Resolver = Callable[[Engine, Dependency], bool]
 
@@ -85,16 +84,6 @@ def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
     if cfg.probe_interval_seconds <= 0:
         cfg.probe_interval_seconds = IdentityWaitConfig.probe_interval_seconds
     return cfg
-
-
-def to_spec(dep: Dependency) -> DependencySpec:
-    """A ``Dependency`` as workflow data."""
-    return DependencySpec(**dataclasses.asdict(dep))
-
-
-def from_spec(spec: DependencySpec) -> Dependency:
-    """Workflow data back to a ``Dependency`` (validated)."""
-    return Dependency(**dataclasses.asdict(spec))
 
 
 def _iso(value: datetime | None) -> str:

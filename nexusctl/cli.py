@@ -49,6 +49,14 @@ from nexuscrm.catalog import object_table
 from nexuscrm.connectors import handoff, serving, workqueue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
+from nexuscrm.contracts import (
+    ApplyAllInput,
+    ApplyAllResult,
+    FleetStatus,
+    OperationInput,
+    PhaseReport,
+    SupervisorStatus,
+)
 from nexuscrm.controlplane import markers
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
@@ -73,14 +81,6 @@ from nexusctl.temporal import (
     start_fleet,
 )
 from nexusctl.worker import run_worker
-from workflows.models import (
-    ApplyAllInput,
-    ApplyAllResult,
-    FleetStatus,
-    OperationInput,
-    PhaseReport,
-    SupervisorStatus,
-)
 
 T = TypeVar("T")
 

@@ -18,8 +18,8 @@ from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from nexusctl.temporal import connect, ensure_search_attributes
-from workflows.connectors import CONNECTOR_WORKFLOWS
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.fleet import CONNECTOR_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
 
