@@ -7,7 +7,6 @@ and another worker reclaims them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -20,20 +19,16 @@ from activities.common import fatal_is_final, raise_if_cancelled
 from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
-from nexuscrm.log import log
-from nexuscrm.settings import Settings
-from workflows.models import (
+from nexuscrm.contracts import (
     BatchResult,
-    BlockedWait,
     ClaimedLease,
     ClaimRequest,
-    DependencySpec,
-    DesiredPack,
     ProcessRequest,
-    ReconcileDecision,
     ReconcileOutcome,
     ReconcileRequest,
 )
+from nexuscrm.log import log
+from nexuscrm.settings import Settings
 
 CLAIM_BATCHES = 4
 """Profile batches one claim takes at once (capped at :data:`CLAIM_MAX`).
@@ -85,11 +80,10 @@ class ConnectorActivities:
 
         Database errors are outcomes, not raised; only a bad ``mode`` raises.
         """
-        k = self.knobs
         plan = reconcile.plan_reconcile(
             self.engine,
             selection=self.selection,
-            knobs=k,
+            knobs=self.knobs,
             mode=req.mode,
             running=req.running,
             fleet_epoch=req.fleet_epoch,
@@ -97,34 +91,8 @@ class ConnectorActivities:
         )
         for key, reason in plan.blocked.items():
             log.error("connector pack not served", pack=key, reason=reason)
-        decisions = []
-        for d in plan.decisions:
-            pack = None
-            if d.pool is not None:
-                p = d.pool
-                pack = DesiredPack(
-                    namespace=p.namespace,
-                    install_id=p.install_id,
-                    payload_hash=p.payload_hash,
-                    drain_only=p.drain_only,
-                    fingerprint=p.fingerprint,
-                    worker_count=k.workers_per_pack,
-                    max_processing_rows=k.max_processing_rows,
-                    queue_profile_mode=k.queue_profile_mode,
-                    status=p.status,
-                    generation=p.generation,
-                    scheduler_owner_id=p.scheduler_owner_id,
-                    fencing_token=p.fencing_token,
-                    projection_fingerprint=p.projection_fingerprint,
-                    degraded=p.degraded,
-                )
-            decisions.append(
-                ReconcileDecision(d.key, d.namespace, d.install_id, d.action, d.reason, d.gap, pack)
-            )
         self.processor.forget()
-        return ReconcileOutcome(
-            decisions, plan.blocked, plan.degraded, plan.error, plan.fatal, plan.stop_all
-        )
+        return plan
 
     @activity.defn(name="connectors.claim")
     @fatal_is_final
@@ -169,18 +137,7 @@ class ConnectorActivities:
                 queue.extend_leases(self.engine, leases, lease_s)
                 last_extend = time.monotonic()
 
-        outcome = self.processor.process(items, on_item=beat)
-        return BatchResult(
-            outcome.succeeded,
-            outcome.retried,
-            outcome.failed,
-            outcome.lost,
-            blocked=[
-                BlockedWait(work_id, dep.key_hash, DependencySpec(**dataclasses.asdict(dep)))
-                for work_id, dep in outcome.blocked
-            ],
-            wake_keys=sorted(outcome.wake_keys),
-        )
+        return self.processor.process(items, on_item=beat).result()
 
     @activity.defn(name="connectors.drain_orphan_pools")
     async def drain_orphan_pools(self, database_id: str) -> list[str]:

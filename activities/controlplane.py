@@ -17,6 +17,15 @@ from temporalio import activity
 
 from activities.common import fatal_is_final, heartbeat
 from nexuscrm import catalog
+from nexuscrm.contracts import (
+    ApplyPacksRequest,
+    AutoStartDecisionInfo,
+    PhaseRequest,
+    PlannedPackInfo,
+    PlanRequest,
+    RepairRequest,
+    VerifyRequest,
+)
 from nexuscrm.controlplane import (
     derived,
     indexes,
@@ -33,19 +42,6 @@ from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
 from nexuscrm.settings import Settings
-from workflows.models import (
-    ApplyPacksRequest,
-    AutoStartDecisionInfo,
-    PhaseRequest,
-    PlannedPackInfo,
-    PlanRequest,
-    RepairRequest,
-    VerifyRequest,
-)
-
-
-def _plan_info(p: packs_apply.PlannedPack) -> PlannedPackInfo:
-    return PlannedPackInfo(p.name, p.category, p.version, p.payload_hash, p.source, p.objects)
 
 
 class ControlPlaneActivities:
@@ -127,7 +123,7 @@ class ControlPlaneActivities:
             )
             if t.object_meta.name in table_names(self.engine):
                 packs_apply.validate_plan(catalog.CACHE.get(self.engine), plan)
-            return [_plan_info(p) for p in packs_apply.summarize(plan)]
+            return packs_apply.summarize(plan)
 
     @activity.defn(name="controlplane.apply_metadata")
     @fatal_is_final

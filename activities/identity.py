@@ -12,7 +12,6 @@ time out waiting for it, never expire anything).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import threading
@@ -29,10 +28,8 @@ from temporalio.service import RPCError
 
 from activities.common import shielded
 from nexuscrm.connectors import queue as wq
-from nexuscrm.connectors.identity import Dependency, probe, wait_workflow_id
-from nexuscrm.log import log
-from nexuscrm.settings import Settings
-from workflows.models import (
+from nexuscrm.connectors.identity import Dependency, from_spec, probe, to_spec, wait_workflow_id
+from nexuscrm.contracts import (
     DependencySpec,
     ExpireRequest,
     IdentityWaitConfig,
@@ -43,6 +40,8 @@ from workflows.models import (
     WaitNotifyRequest,
     WakeResult,
 )
+from nexuscrm.log import log
+from nexuscrm.settings import Settings
 
 Resolver = Callable[[Engine, Dependency], bool]
 
@@ -86,16 +85,6 @@ def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
     if cfg.probe_interval_seconds <= 0:
         cfg.probe_interval_seconds = IdentityWaitConfig.probe_interval_seconds
     return cfg
-
-
-def to_spec(dep: Dependency) -> DependencySpec:
-    """A ``Dependency`` as workflow data."""
-    return DependencySpec(**dataclasses.asdict(dep))
-
-
-def from_spec(spec: DependencySpec) -> Dependency:
-    """Workflow data back to a ``Dependency`` (validated)."""
-    return Dependency(**dataclasses.asdict(spec))
 
 
 def _iso(value: datetime | None) -> str:

@@ -23,12 +23,12 @@ from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
+from nexuscrm.contracts import ApplyAllInput
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, start_controlplane, temporal_binary
 from nexusctl.worker import build_worker
-from workflows.models import ApplyAllInput
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sfdx"
 

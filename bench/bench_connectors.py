@@ -25,13 +25,13 @@ from temporalio.testing import WorkflowEnvironment
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import ApplyAllInput, FleetInput
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, start_controlplane, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker, build_worker
-from workflows.models import ApplyAllInput, FleetInput
 
 
 async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]:

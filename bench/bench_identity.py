@@ -48,6 +48,7 @@ import activities.identity as identity_acts
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import ApplyAllInput, FleetInput
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
@@ -61,7 +62,6 @@ from nexusctl.temporal import (
     temporal_binary,
 )
 from nexusctl.worker import build_connector_worker, build_worker
-from workflows.models import ApplyAllInput, FleetInput
 
 WATCH_S = 0.05
 PHASE_TIMEOUT_S = 150.0

@@ -23,12 +23,12 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.failures import DATA_CONVERTER
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
 from workflows.identity import DEPENDENCY_OBJECT_KEY
-from workflows.models import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
 
 SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [
     PHASE_KEY,

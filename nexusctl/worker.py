@@ -19,8 +19,8 @@ from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from nexusctl.failures import with_bounded_failures
 from nexusctl.temporal import connect, ensure_search_attributes
-from workflows.connectors import CONNECTOR_WORKFLOWS
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.fleet import CONNECTOR_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
 

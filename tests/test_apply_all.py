@@ -19,6 +19,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
+from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.controlplane import markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -27,7 +28,6 @@ from nexusctl.temporal import ControlPlaneBusyError, start_controlplane
 from nexusctl.worker import build_worker
 from tests.conftest import corpus_project
 from tests.helpers import snapshot
-from workflows.models import ApplyAllInput, ApplyAllResult
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,6 +34,7 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
 from nexuscrm import catalog
+from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.controlplane import markers, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -47,7 +48,6 @@ from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
 from tests.conftest import MYSQL_URL, corpus_project
 from tests.helpers import snapshot
-from workflows.models import ApplyAllInput, ApplyAllResult
 
 runner = CliRunner()
 

@@ -24,6 +24,14 @@ from temporalio.worker import Worker
 from nexuscrm import cutover
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import (
+    DesiredPack,
+    FleetInput,
+    FleetStatus,
+    ReconcileDecision,
+    ReconcileOutcome,
+    ReconcileRequest,
+)
 from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -39,15 +47,8 @@ from tests.test_connector_runtime import (
     wait_drained,
 )
 from tests.test_connector_supervisor import DrainableWorker
-from workflows.connectors import ConnectorFleetWorkflow, PackSupervisorWorkflow
-from workflows.models import (
-    DesiredPack,
-    FleetInput,
-    FleetStatus,
-    ReconcileDecision,
-    ReconcileOutcome,
-    ReconcileRequest,
-)
+from workflows.fleet import ConnectorFleetWorkflow
+from workflows.pack_supervisor import PackSupervisorWorkflow
 
 CRED = "NEXUS_CREDENTIAL_FLEET_CRED"
 
@@ -371,7 +372,7 @@ async def test_hand_typed_signals_without_input_never_fail_the_fleet_or_a_wait(
 
         dep = Dependency.record("Account", "hand-typed")
         from activities.identity import start_wait
-        from workflows.models import IdentityWaitConfig
+        from nexuscrm.contracts import IdentityWaitConfig
 
         await start_wait(
             client,

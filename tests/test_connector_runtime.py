@@ -21,6 +21,7 @@ from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import ApplyAllInput, DesiredPack, FleetInput, FleetStatus
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -29,7 +30,6 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 from tests.conftest import corpus_project
-from workflows.models import ApplyAllInput, DesiredPack, FleetInput, FleetStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"

@@ -16,8 +16,8 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from workflows.connectors import PackSupervisorWorkflow
-from workflows.models import InboundWorkerConfig, SupervisorConfig, SupervisorStatus
+from nexuscrm.contracts import InboundWorkerConfig, SupervisorConfig, SupervisorStatus
+from workflows.pack_supervisor import PackSupervisorWorkflow
 
 
 @workflow.defn(name="InboundWorker")

@@ -31,6 +31,7 @@ from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
+from nexuscrm.contracts import ReconcileRequest
 from nexuscrm.controlplane import metadata, packs_apply
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -38,7 +39,6 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import fleet_input, start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.helpers import HookServer
-from workflows.models import ReconcileRequest
 
 NS = "xsync"
 

@@ -18,6 +18,7 @@ from activities.identity import IdentityActivities, start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, wait_workflow_id
+from nexuscrm.contracts import IdentityWaitConfig, IdentityWaitStatus, WakeResult
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
@@ -27,7 +28,6 @@ from nexusctl.identity import (
 )
 from nexusctl.temporal import SEARCH_ATTRIBUTES
 from workflows.identity import IdentityWaitWorkflow
-from workflows.models import IdentityWaitConfig, IdentityWaitStatus, WakeResult
 
 DEP = Dependency.remote("salesforce-sync", "salesforce-sync", "Account", "acct-1")
 
@@ -556,8 +556,8 @@ async def test_max_wait_zero_and_no_resolver_never_expire(skipping_env, settings
 
 
 def _probe_request(key: str, work_ids: list[str], timeout: float) -> Any:
-    from activities.identity import to_spec
-    from workflows.models import ProbeRequest
+    from nexuscrm.connectors.identity import to_spec
+    from nexuscrm.contracts import ProbeRequest
 
     return ProbeRequest(
         key_hash=key,

@@ -27,13 +27,12 @@ from nexuscrm.connectors.reconcile import (
     ACTION_PRESERVE,
     ACTION_START,
     ACTION_STOP,
-    PackDecision,
-    ReconcilePlan,
     Resolvers,
     plan_reconcile,
 )
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.connectors.serving import RuntimeServingSelection
+from nexuscrm.contracts import ReconcileDecision, ReconcileOutcome
 from nexuscrm.controlplane import metadata, packs_apply, repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -90,7 +89,7 @@ def plan(
     env: dict[str, str] = ENV,
     selection: RuntimeServingSelection | None = None,
     resolvers: Resolvers | None = None,
-) -> ReconcilePlan:
+) -> ReconcileOutcome:
     return plan_reconcile(
         engine,
         selection=selection,
@@ -103,13 +102,13 @@ def plan(
     )
 
 
-def only(p: ReconcilePlan) -> PackDecision:
+def only(p: ReconcileOutcome) -> ReconcileDecision:
     (d,) = p.decisions
     return d
 
 
-def running_of(p: ReconcilePlan) -> dict[str, str]:
-    return {d.key: d.pool.fingerprint for d in p.decisions if d.pool}
+def running_of(p: ReconcileOutcome) -> dict[str, str]:
+    return {d.key: d.pack.fingerprint for d in p.decisions if d.pack}
 
 
 def selection_for(engine: Engine, **override: Any) -> RuntimeServingSelection:
@@ -222,10 +221,10 @@ def test_a_listing_error_stops_every_pool_under_a_selection_and_fails_startup(en
 def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp_path):
     key = install(engine, tmp_path, [profile()])
     first = only(plan(engine, "startup"))
-    assert first.pool is not None
-    assert first.pool.generation == 0
-    assert first.pool.scheduler_owner_id.endswith("-run-1#workitem-scheduler")
-    running = {key: first.pool.fingerprint}
+    assert first.pack is not None
+    assert first.pack.generation == 0
+    assert first.pack.scheduler_owner_id.endswith("-run-1#workitem-scheduler")
+    running = {key: first.pack.fingerprint}
     assert only(plan(engine, "changed", running)).action == ACTION_KEEP
     install_id = key.split("/")[1]
     wq.enqueue(
@@ -235,7 +234,7 @@ def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp
     with engine.begin() as conn:
         conn.execute(update(t.connector_work_item).values(Generation=7))
     d = only(plan(engine, "changed", running))
-    assert d.action == ACTION_START and d.pool is not None and d.pool.generation == 7
+    assert d.action == ACTION_START and d.pack is not None and d.pack.generation == 7
     other_fleet = plan_reconcile(
         engine, selection=None, knobs=KNOBS, mode="changed",
         running=running_of(plan(engine, "changed", running)), fleet_epoch="run-2", env=ENV,
@@ -264,7 +263,7 @@ def test_drain_only_generation_keeps_a_worker_until_its_queue_is_empty(engine, t
     )
     drain(engine, key)
     d = only(plan(engine, "startup"))
-    assert d.action == ACTION_START and d.pool is not None and d.pool.drain_only
+    assert d.action == ACTION_START and d.pack is not None and d.pack.drain_only
     running = running_of(plan(engine, "startup"))
     assert only(plan(engine, "periodic", running)).action == ACTION_KEEP
     with engine.begin() as conn:  # its queue drains
@@ -319,9 +318,9 @@ def test_duplicate_coverage_degrades_to_payload_only_and_is_reported(engine, tmp
     key = install(engine, tmp_path, [profile("a"), profile("b")])
     p = plan(engine, "startup", env={})  # payload-only reads nothing: no credential needed
     d = only(p)
-    assert d.action == ACTION_START and d.pool is not None
+    assert d.action == ACTION_START and d.pack is not None
     assert "duplicate batch object coverage" in p.degraded[key]
-    assert "User by a, b" in d.pool.degraded
+    assert "User by a, b" in d.pack.degraded
 
 
 def test_no_eligible_profile_is_the_silent_payload_only_path(engine, tmp_path):
@@ -349,8 +348,8 @@ def test_selection_profiles_may_use_only_authorized_credentials(engine, tmp_path
 def test_projection_fingerprint_is_part_of_the_pool_fingerprint(engine, tmp_path):
     key = install(engine, tmp_path, [profile(projection_fields=["Title"])])
     d = only(plan(engine, "startup"))
-    assert d.pool is not None and d.pool.projection_fingerprint
-    running = {key: d.pool.fingerprint}
+    assert d.pack is not None and d.pack.projection_fingerprint
+    running = {key: d.pack.fingerprint}
     assert only(plan(engine, "changed", running)).action == ACTION_KEEP
     with engine.begin() as conn:
         conn.execute(

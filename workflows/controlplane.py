@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.controlplane import ControlPlaneActivities
-    from workflows.models import (
+    from nexuscrm.contracts import (
         ApplyAllInput,
         ApplyAllResult,
         ApplyPacksRequest,

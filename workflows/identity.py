@@ -28,14 +28,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.identity import IdentityActivities
-    from workflows.controlplane import DATABASE_KEY
-    from workflows.models import (
+    from nexuscrm.contracts import (
         ExpireRequest,
         IdentityWaitInput,
         IdentityWaitStatus,
         ProbeRequest,
         ProbeResult,
     )
+    from workflows.controlplane import DATABASE_KEY
 
 DEPENDENCY_OBJECT_KEY = SearchAttributeKey.for_keyword("NexusDependencyObject")
 

@@ -12,17 +12,23 @@ dependency on the WorkItem row):
 Its canonical key is the kind and the fields joined by U+001F; the key hash
 (``DependencyKeyHash``) is the sha256 hex of that key. Items waiting on one
 key share one ``IdentityWaitWorkflow``. :func:`probe` is the fresh owner read.
+
+A :class:`Dependency` is the validated domain value (frozen, checked on
+construction, with its key, key hash and WorkItem columns); on the wire it
+travels as the plain ``nexuscrm.contracts.DependencySpec`` (same fields, same
+order), converted by :func:`to_spec` and :func:`from_spec`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine, select, text
 
 from nexuscrm import catalog
+from nexuscrm.contracts import DependencySpec
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
 
@@ -128,6 +134,16 @@ class Dependency:
         except InvalidDependency:
             return None
         return None
+
+
+def to_spec(dep: Dependency) -> DependencySpec:
+    """``dep`` as wire data (``DependencySpec``, field by field)."""
+    return DependencySpec(**asdict(dep))
+
+
+def from_spec(spec: DependencySpec) -> Dependency:
+    """Wire data back to a ``Dependency``; raises :class:`InvalidDependency` when invalid."""
+    return Dependency(**asdict(spec))
 
 
 def probe(engine: Engine, dep: Dependency) -> bool:

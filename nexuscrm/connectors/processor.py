@@ -68,8 +68,9 @@ from nexuscrm.connectors.handoff import (
     supported_modes,
     write_commands,
 )
-from nexuscrm.connectors.identity import Dependency
+from nexuscrm.connectors.identity import Dependency, to_spec
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
+from nexuscrm.contracts import BatchResult, BlockedWait
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
@@ -101,15 +102,32 @@ def _count(outcome: BatchOutcome, kind: str, failure_class: str) -> None:
 
 @dataclass
 class BatchOutcome:
-    """Counts of one batch: succeeded, retried, failed, lost (lease taken over)."""
+    """Counts of one batch: succeeded, retried, failed, lost (lease taken over).
+
+    The batch's running tally, not the wire type: ``failure_classes`` (count
+    per failure class) stays in the process and ``wake_keys`` is a set while
+    items add to it. :meth:`result` is its ``BatchResult``; ``blocked`` is
+    already wire data (``BlockedWait``: work id, key hash, ``DependencySpec``).
+    """
 
     succeeded: int = 0
     retried: int = 0
     failed: int = 0
     lost: int = 0
     failure_classes: dict[str, int] = field(default_factory=dict)
-    blocked: list[tuple[str, Dependency]] = field(default_factory=list)
+    blocked: list[BlockedWait] = field(default_factory=list)
     wake_keys: set[str] = field(default_factory=set)
+
+    def result(self) -> BatchResult:
+        """The ``BatchResult`` the process activity returns (``wake_keys`` sorted)."""
+        return BatchResult(
+            self.succeeded,
+            self.retried,
+            self.failed,
+            self.lost,
+            blocked=list(self.blocked),
+            wake_keys=sorted(self.wake_keys),
+        )
 
 
 class Processor:
@@ -532,7 +550,7 @@ class Processor:
         p = exc.parent
         dep = Dependency.remote(p.owner_key, p.namespace, p.destination_object, p.remote_id)
         queue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
-        outcome.blocked.append((item.work_id, dep))
+        outcome.blocked.append(BlockedWait(item.work_id, dep.key_hash, to_spec(dep)))
         _count(outcome, "retried", exc.failure_class)
 
     def _one_guarded(

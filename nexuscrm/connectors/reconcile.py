@@ -3,8 +3,10 @@
 Port of the seed's ``Supervisor.reconcile(ctx, startup, force,
 preserveExistingOnReadError)``. The workflow cannot do I/O, so the database
 work and every decision happen here (called by one activity) and the fleet
-workflow only applies the returned :class:`ReconcilePlan`: typed outcomes,
-not a raised error.
+workflow only applies the returned ``ReconcileOutcome`` (``nexuscrm.contracts``):
+typed outcomes, not a raised error. Each started or kept pool is a ``DesiredPack``
+with the pool shape of ``knobs`` (worker count, processing budget, queue profile
+mode), exactly what the fleet starts its supervisor from.
 
 Modes (``mode``) and the seed's flags:
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -63,6 +65,7 @@ from nexuscrm.connectors.serving import (
     ServingSelectionError,
     refuse_drain_only,
 )
+from nexuscrm.contracts import DesiredPack, ReconcileDecision, ReconcileOutcome
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error
 from nexuscrm.log import log
@@ -78,54 +81,6 @@ ACTION_START = "start"
 ACTION_KEEP = "keep"
 ACTION_PRESERVE = "preserve"
 ACTION_STOP = "stop"
-
-
-@dataclass
-class PoolSpec:
-    """Everything a pool is built from; ``fingerprint`` covers all of it."""
-
-    namespace: str
-    install_id: str
-    status: str
-    payload_hash: str
-    drain_only: bool
-    fingerprint: str
-    projection_fingerprint: str
-    generation: int
-    scheduler_owner_id: str
-    fencing_token: str
-    degraded: str = ""
-
-
-@dataclass
-class PackDecision:
-    """What to do with one pack's pool; ``gap`` is set for an admission gap."""
-
-    key: str
-    namespace: str
-    install_id: str
-    action: str
-    reason: str = ""
-    gap: str = ""
-    pool: PoolSpec | None = None
-
-
-@dataclass
-class ReconcilePlan:
-    """Typed result of one reconcile.
-
-    ``decisions``: one per listed pack. ``blocked``/``degraded``: reason per
-    ``namespace/install id``. ``error``: a listing error or the startup
-    failure; ``fatal``: startup failed (start nothing, fail the fleet);
-    ``stop_all``: stop every pool (listing error under a serving selection).
-    """
-
-    decisions: list[PackDecision] = field(default_factory=list)
-    blocked: dict[str, str] = field(default_factory=dict)
-    degraded: dict[str, str] = field(default_factory=dict)
-    error: str = ""
-    fatal: bool = False
-    stop_all: bool = False
 
 
 def _msg(err: BaseException) -> str:
@@ -252,18 +207,24 @@ def plan_reconcile(
     fleet_epoch: str,
     env: Mapping[str, str] = os.environ,
     resolvers: Resolvers | None = None,
-) -> ReconcilePlan:
+) -> ReconcileOutcome:
     """Plan one reconcile (see the module docstring for every rule).
 
     ``running``: fingerprint per ``namespace/install id`` of the pools that
     run now. ``fleet_epoch``: stands for the seed's host+pid in the scheduler
     owner id and fencing token. Never raises for database errors: they are
-    outcomes. Raises ``ValueError`` for an unknown ``mode``.
+    outcomes. Returns the ``ReconcileOutcome`` the reconcile activity hands
+    the fleet: one ``ReconcileDecision`` per listed pack, ``pack`` set (a
+    ``DesiredPack`` sized by ``knobs``) for start and keep; ``blocked`` /
+    ``degraded``: reason per ``namespace/install id``; ``error``: a listing
+    error or the startup failure; ``fatal``: startup failed (start nothing,
+    fail the fleet); ``stop_all``: stop every pool (listing error under a
+    serving selection). Raises ``ValueError`` for an unknown ``mode``.
     """
     if mode not in MODES:
         raise ValueError(f"unknown reconcile mode {mode!r} (expected one of {', '.join(MODES)})")
     r = resolvers or Resolvers()
-    plan = ReconcilePlan()
+    plan = ReconcileOutcome()
     startup = mode == MODE_STARTUP
     force = mode in (MODE_STARTUP, MODE_ALL)
     # A serving selection is exact authority: never preserve on a read error.
@@ -282,14 +243,14 @@ def plan_reconcile(
             _plan_row(engine, row, plan, r, selection, knobs, startup, force,
                       preserve_on_read_error, running, fleet_epoch, env)  # fmt: skip
     except _Fatal as exc:
-        return ReconcilePlan(blocked=plan.blocked, error=str(exc), fatal=True)
+        return ReconcileOutcome(blocked=plan.blocked, error=str(exc), fatal=True)
     return plan
 
 
 def _plan_row(
     engine: Engine,
     row: ConnectorPackRow,
-    plan: ReconcilePlan,
+    plan: ReconcileOutcome,
     r: Resolvers,
     selection: RuntimeServingSelection | None,
     knobs: ConnectorKnobs,
@@ -304,9 +265,11 @@ def _plan_row(
     label = f"{row.namespace} ({row.install_id})"
     current = running.get(key, "")
 
-    def decide(action: str, reason: str = "", gap: str = "", pool: PoolSpec | None = None) -> None:
+    def decide(
+        action: str, reason: str = "", gap: str = "", pack: DesiredPack | None = None
+    ) -> None:
         plan.decisions.append(
-            PackDecision(key, row.namespace, row.install_id, action, reason, gap, pool)
+            ReconcileDecision(key, row.namespace, row.install_id, action, reason, gap, pack)
         )
 
     def fail(phase: str, err: BaseException, gap: str = "") -> None:
@@ -385,13 +348,24 @@ def _plan_row(
         row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only,
         projection, act.generation, act.scheduler_owner_id, act.fencing_token,
     )  # fmt: skip
-    pool = PoolSpec(
-        row.namespace, row.install_id, row.status, row.payload_hash, row.drain_only,
-        fingerprint, projection, act.generation, act.scheduler_owner_id, act.fencing_token,
-        batch.degraded,
-    )  # fmt: skip
+    pack = DesiredPack(
+        namespace=row.namespace,
+        install_id=row.install_id,
+        payload_hash=row.payload_hash,
+        drain_only=row.drain_only,
+        fingerprint=fingerprint,
+        worker_count=knobs.workers_per_pack,
+        max_processing_rows=knobs.max_processing_rows,
+        queue_profile_mode=knobs.queue_profile_mode,
+        status=row.status,
+        generation=act.generation,
+        scheduler_owner_id=act.scheduler_owner_id,
+        fencing_token=act.fencing_token,
+        projection_fingerprint=projection,
+        degraded=batch.degraded,
+    )
     if not force and current == fingerprint:
-        decide(ACTION_KEEP, pool=pool)
+        decide(ACTION_KEEP, pack=pack)
         return
 
     if not batch.degraded:  # the payload-only fallback reads nothing: no credential
@@ -413,4 +387,4 @@ def _plan_row(
         except EnrichmentError as exc:
             fail("validate batch credentials", exc)
             return
-    decide(ACTION_START, pool=pool)
+    decide(ACTION_START, pack=pack)

@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, MetaData, inspect, select, update
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
+from nexuscrm.contracts import PlannedPackInfo
 from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
@@ -51,18 +52,6 @@ from nexuscrm.packs.ordering import order_packs
 # product): they carry the installing -> active | failed lifecycle and are
 # reapplied from their stored payload by every later ApplyAll.
 INSTALLED_CATEGORIES = (Category.AppPack, Category.ConnectorPack)
-
-
-@dataclass(frozen=True)
-class PlannedPack:
-    """One pack of the apply plan: identity and payload hash (sha256 hex)."""
-
-    name: str
-    category: str
-    version: str
-    payload_hash: str
-    source: str
-    objects: int
 
 
 @dataclass(frozen=True)
@@ -122,10 +111,16 @@ def load_plan(
     return order_packs(packs + explicit + stored)
 
 
-def summarize(packs: Sequence[PackManifest]) -> list[PlannedPack]:
-    """The plan as ``PlannedPack`` rows (what the workflow records)."""
+def summarize(packs: Sequence[PackManifest]) -> list[PlannedPackInfo]:
+    """The plan as ``PlannedPackInfo`` rows, exactly what the workflow records.
+
+    One per pack in plan order: name, category (its value), version, payload
+    hash (sha256 hex of the canonical payload), source and object count.
+    """
     return [
-        PlannedPack(p.name, p.category.value, p.version, payload_hash(p), p.source, len(p.objects))
+        PlannedPackInfo(
+            p.name, p.category.value, p.version, payload_hash(p), p.source, len(p.objects)
+        )
         for p in packs
     ]
 

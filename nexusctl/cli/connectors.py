@@ -14,11 +14,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import FleetStatus, SupervisorStatus
 from nexusctl.cli.common import QUERY_TIMEOUT, existing_engine, load_settings, no_database
 from nexusctl.cli.render import console, expected_failure, fail
 from nexusctl.cli.wakes import waits
 from nexusctl.temporal import connect, fleet_workflow_id, start_fleet
-from workflows.models import FleetStatus, SupervisorStatus
 
 connectors_app = typer.Typer(help="Connector inbound runtime.", no_args_is_help=True)
 connectors_app.command("waits")(waits)

@@ -22,6 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, OperationInput, PhaseReport
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
     QUERY_TIMEOUT,
@@ -44,7 +45,6 @@ from nexusctl.cli.render import (
     warn,
 )
 from nexusctl.temporal import ControlPlaneBusyError, connect, start_controlplane
-from workflows.models import ApplyAllInput, ApplyAllResult, OperationInput, PhaseReport
 
 # The single operations: workflow type and help text (the command is the
 # workflow type in kebab case: RunRepair -> run-repair).

@@ -25,6 +25,7 @@ from sqlalchemy import text as sa_text
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
@@ -54,7 +55,6 @@ from nexusctl.cli.render import (
 from nexusctl.devserver import dev_server, stop_server, ui_port
 from nexusctl.temporal import connect, signal_fleet, start_fleet
 from nexusctl.worker import run_worker
-from workflows.models import ApplyAllInput, ApplyAllResult
 
 T = TypeVar("T")
 

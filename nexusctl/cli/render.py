@@ -21,13 +21,13 @@ from sqlalchemy import exc as sa_exc
 from temporalio.service import RPCError
 from typer.core import TyperGroup
 
+from nexuscrm.contracts import ApplyAllResult, PhaseReport
 from nexuscrm.controlplane import markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings, default_database_url
 from nexusctl.cli.common import RUN, existing_engine, no_database, safe_url
-from workflows.models import ApplyAllResult, PhaseReport
 
 console = Console()
 err_console = Console(stderr=True)

@@ -1,0 +1,240 @@
+"""Contracts of the connector inbound runtime: fleet, pack supervisors, inbound workers.
+
+Plain dataclasses carried by Temporal's JSON payload converter: class, field
+names and field order are the wire format of running workflows' histories.
+
+No ``from __future__ import annotations``: the annotations must be real
+types, not strings. Workflows decode these inside Temporal's sandbox, whose
+``sys.modules`` lacks this module (``nexuscrm.contracts`` is passed through),
+so string annotations could not be resolved there (``NameError`` while
+decoding arguments).
+"""
+
+from dataclasses import dataclass, field
+
+from nexuscrm.contracts.identity import BlockedWait
+
+
+@dataclass
+class InboundWorkerConfig:
+    """One inbound worker: its pack incarnation, queue profile and budget.
+
+    lease_seconds: how long a claim is held without a heartbeat; idle_seconds:
+    how long the worker sleeps when it found nothing (a ``wake`` cuts it short).
+    """
+
+    database_id: str
+    namespace: str
+    install_id: str
+    ordinal: int
+    queue_classes: list[str]
+    preferred_queue_classes: list[str]
+    batch_size: int
+    max_processing_rows: int
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    fingerprint: str = ""
+    batches_before_continue_as_new: int = 200
+    # WorkItem claim activation (issue 5 rule 5): resolved at admission, the
+    # same for every worker of one pool, and part of the pool fingerprint.
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
+    drain_only: bool = False
+
+
+@dataclass
+class ClaimRequest:
+    """claim activity input (the worker config plus its lease owner id)."""
+
+    config: InboundWorkerConfig
+    lease_owner: str
+
+
+@dataclass
+class ClaimedLease:
+    """A claimed item as the workflow sees it: id and lease token only (no payload)."""
+
+    work_id: str
+    lease_token: str
+
+
+@dataclass
+class ProcessRequest:
+    """process activity input: the claimed leases to run."""
+
+    config: InboundWorkerConfig
+    leases: list[ClaimedLease]
+
+
+@dataclass
+class BatchResult:
+    """Counts of one processed batch.
+
+    blocked: items blocked on a dependency (their waits are registered after
+    commit); wake_keys: key hashes of waits whose remote link this batch
+    finalized (signalled ``wake`` after commit).
+    """
+
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    blocked: list[BlockedWait] = field(default_factory=list)
+    wake_keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SupervisorConfig:
+    """A pack supervisor: one incarnation, N workers, and their shared knobs.
+
+    Durations are seconds (settings, so tests can run them short).
+    """
+
+    database_id: str
+    namespace: str
+    install_id: str
+    payload_hash: str
+    fingerprint: str
+    worker_count: int
+    max_processing_rows: int
+    queue_profile_mode: str
+    drain_only: bool = False
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    drain_timeout_seconds: float = 30.0
+    restart_backoff_min_seconds: float = 1.0
+    restart_backoff_max_seconds: float = 30.0
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
+
+
+@dataclass
+class WorkerStatus:
+    """One worker of a supervisor, for the ``status`` query."""
+
+    ordinal: int
+    workflow_id: str
+    queue_classes: list[str]
+    batch_size: int
+    state: str
+    restarts: int
+    next_backoff_s: float
+
+
+@dataclass
+class SupervisorStatus:
+    """``status`` query of a pack supervisor."""
+
+    namespace: str
+    install_id: str
+    fingerprint: str
+    draining: bool
+    workers: list[WorkerStatus]
+
+
+@dataclass
+class DesiredPack:
+    """One pack incarnation the fleet should serve, with its pool fingerprint."""
+
+    namespace: str
+    install_id: str
+    payload_hash: str
+    drain_only: bool
+    fingerprint: str
+    worker_count: int
+    max_processing_rows: int
+    queue_profile_mode: str
+    supervisor_workflow_id: str = ""
+    status: str = "active"
+    generation: int = 0
+    scheduler_owner_id: str = ""
+    fencing_token: str = ""
+    projection_fingerprint: str = ""
+    degraded: str = ""
+
+
+@dataclass
+class FleetInput:
+    """ConnectorFleetWorkflow input: reconcile timer and supervisor timings (seconds)."""
+
+    database_id: str
+    reconcile_interval_seconds: float = 5.0
+    lease_seconds: float = 60.0
+    idle_seconds: float = 5.0
+    drain_timeout_seconds: float = 30.0
+    restart_backoff_min_seconds: float = 1.0
+    restart_backoff_max_seconds: float = 30.0
+    reconciles_before_continue_as_new: int = 500
+    running: list[DesiredPack] = field(default_factory=list)
+    pools_started: int = 0
+    # False for the Runtime handoff role: the runtime owns command dependencies,
+    # so the fleet starts no identity-wait recovery (seed disableIdentityRecovery).
+    identity_recovery: bool = True
+    # Bounded wait for an in-flight reconcile when the fleet stops (the seed's 5 s).
+    reconcile_stop_timeout_seconds: float = 5.0
+    # Set once the startup reconcile succeeded (carried across continue-as-new).
+    started: bool = False
+    # The fleet's first run id: stands for the seed's host+pid in scheduler ids.
+    fleet_epoch: str = ""
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ReconcileRequest:
+    """One fleet reconcile: ``mode`` is startup | all | changed | periodic.
+
+    ``running``: pool fingerprint per ``namespace/install id``.
+    """
+
+    database_id: str
+    mode: str
+    running: dict[str, str]
+    fleet_epoch: str
+
+
+@dataclass
+class ReconcileDecision:
+    """Typed outcome for one pack: start | keep | preserve | stop (see reconcile.py)."""
+
+    key: str
+    namespace: str
+    install_id: str
+    action: str
+    reason: str = ""
+    gap: str = ""
+    pack: DesiredPack | None = None
+
+
+@dataclass
+class ReconcileOutcome:
+    """Typed result of the reconcile activity (never a raised database error).
+
+    ``fatal``: startup failed (start nothing, fail the fleet); ``stop_all``: a
+    listing error under a serving selection stops every pool.
+    """
+
+    decisions: list[ReconcileDecision] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    fatal: bool = False
+    stop_all: bool = False
+
+
+@dataclass
+class FleetStatus:
+    """``status`` query of the fleet: running pools, blocked and degraded packs.
+
+    ``blocked``/``degraded``: reason per ``namespace/install id``;
+    ``last_error``: the last reconcile's error, if any.
+    """
+
+    pools: list[DesiredPack] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+    degraded: dict[str, str] = field(default_factory=dict)
+    last_error: str | None = None
+    reconciles: int = 0
+    stopping: bool = False

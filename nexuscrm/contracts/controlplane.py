@@ -1,0 +1,141 @@
+"""Contracts of the control-plane workflows and activities (ApplyAll and siblings).
+
+Plain dataclasses carried by Temporal's JSON payload converter: class, field
+names and field order are the wire format of running workflows' histories.
+
+No ``from __future__ import annotations``: the annotations must be real
+types, not strings. Workflows decode these inside Temporal's sandbox, whose
+``sys.modules`` lacks this module (``nexuscrm.contracts`` is passed through),
+so string annotations could not be resolved there (``NameError`` while
+decoding arguments).
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ApplyAllInput:
+    """Start arguments of ``ApplyAllWorkflow``.
+
+    policy: ``always_apply`` (operator / deploy pipeline: full run) or
+      ``auto_start`` (container start: classify, then skip / apply / halt).
+    app_pack_sources: paths (on the worker's machine) of app packs to install:
+      a Salesforce DX project folder or a native ``pack.yaml``.
+    include_dev_sample: ``None`` lets the worker decide (not in production).
+    heartbeat_timeout_seconds: heartbeat timeout of the long phases; a worker
+      that dies is noticed this fast.
+    """
+
+    app_pack_sources: list[str] = field(default_factory=list)
+    policy: str = "always_apply"
+    include_dev_sample: bool | None = None
+    heartbeat_timeout_seconds: float = 30.0
+
+
+@dataclass
+class OperationInput:
+    """Start arguments of a sibling control-plane workflow (RunRepair, EnsureIndexes ...)."""
+
+    app_pack_sources: list[str] = field(default_factory=list)
+    include_dev_sample: bool | None = None
+    heartbeat_timeout_seconds: float = 30.0
+
+
+@dataclass
+class PhaseReport:
+    """One phase as the ``progress`` query shows it.
+
+    status: pending | running | completed | failed | skipped.
+    started_at: ISO-8601 UTC (workflow time); duration_s in seconds.
+    """
+
+    name: str
+    status: str = "pending"
+    started_at: str | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class PlannedPackInfo:
+    """A pack of the plan: name, category, version, payload hash, source."""
+
+    name: str
+    category: str
+    version: str
+    payload_hash: str
+    source: str
+    objects: int
+
+
+@dataclass
+class PlanRequest:
+    """What to plan: app pack sources and the DevSample choice."""
+
+    app_pack_sources: list[str]
+    include_dev_sample: bool | None
+
+
+@dataclass
+class PhaseRequest:
+    """Common activity input: the run id and lease epoch that fence every write."""
+
+    run_id: str
+    epoch: int
+    operation: str = "ApplyAll"
+    phase: str = ""
+    error: str | None = None
+
+
+@dataclass
+class ApplyPacksRequest:
+    """apply-packs input: the plan to apply (hashes must still match the sources)."""
+
+    run_id: str
+    epoch: int
+    app_pack_sources: list[str]
+    include_dev_sample: bool | None
+    planned: list[PlannedPackInfo]
+    only_runtime_required: bool = False
+
+
+@dataclass
+class RepairRequest:
+    """run-repair input; ``fail_closed_on_convergence`` is set on the ApplyAll path."""
+
+    run_id: str
+    epoch: int
+    fail_closed_on_convergence: bool
+    l0_only: bool = False
+
+
+@dataclass
+class VerifyRequest:
+    """verify input: pack name -> payload hash this run planned."""
+
+    expected_hashes: dict[str, str]
+    check_indexes: bool = True
+
+
+@dataclass
+class AutoStartDecisionInfo:
+    """auto_start classification: action (skip | apply | halt_for_migration) and reason."""
+
+    action: str
+    reason: str
+
+
+@dataclass
+class ApplyAllResult:
+    """Outcome of an ApplyAll (or sibling) run.
+
+    status: completed | skipped. (A failed run fails the workflow instead.)
+    """
+
+    status: str
+    reason: str
+    phases: list[PhaseReport]
+    packs: list[PlannedPackInfo]
+    formula_problems: list[str]
+    duration_s: float

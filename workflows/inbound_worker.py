@@ -1,0 +1,127 @@
+"""``InboundWorkerWorkflow``: one worker of a pack's pool (port of ``connector_inbound.Worker``).
+
+Claim a batch (local activity), process it (activity, heartbeating), notify
+identity waits of what it blocked or resolved, sleep until ``wake`` or the
+idle timer, continue-as-new before history grows large. Started as a child
+by ``PackSupervisorWorkflow`` (``workflows.pack_supervisor``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.connectors import ConnectorActivities
+    from activities.identity import IdentityActivities
+    from nexuscrm.contracts import ClaimRequest as _ClaimRequest
+    from nexuscrm.contracts import (
+        InboundWorkerConfig,
+        ProcessRequest,
+        WaitNotifyRequest,
+    )
+
+ACTIVITY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+)
+
+
+def worker_workflow_id(config: InboundWorkerConfig) -> str:
+    """``connector/<db>/<pack>/<install>/worker-<n>``: readable in the Web UI."""
+    return (
+        f"connector/{config.database_id}/{config.namespace}/{config.install_id}/"
+        f"{config.fingerprint[:8]}/worker-{config.ordinal}"
+    )
+
+
+@workflow.defn(name="InboundWorker")
+class InboundWorkerWorkflow:
+    """Port of ``connector_inbound.Worker``: claim, process, wait, repeat.
+
+    Signals: ``wake`` (work may be claimable now), ``drain`` (stop claiming;
+    return once the current batch is done). Returns ``"drained"``.
+    """
+
+    @workflow.init
+    def __init__(self, config: InboundWorkerConfig) -> None:
+        self.woken = False
+        self.draining = False
+        self.batches = 0
+
+    @workflow.signal
+    def wake(self) -> None:
+        """Claimable work may exist: cut the idle wait short."""
+        self.woken = True
+
+    @workflow.signal
+    def drain(self) -> None:
+        """Stop claiming; finish the batch in hand and return."""
+        self.draining = True
+
+    async def _notify(
+        self, config: InboundWorkerConfig, blocked: list[Any], wake_keys: list[str]
+    ) -> None:
+        """After the batch committed: register its blocked items' waits, wake resolved waits.
+
+        A failure is logged and left to recovery (a blocked row without a live
+        wait gets one at the next fleet reconcile) and to the waits' own probes.
+        """
+        try:
+            await workflow.execute_activity_method(
+                IdentityActivities.notify,
+                WaitNotifyRequest(config.database_id, blocked, wake_keys),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("identity wait notify failed; recovery covers it: %s", err)
+
+    @workflow.run
+    async def run(self, config: InboundWorkerConfig) -> str:
+        """Loop until drained; continue-as-new every N batches or when history is large."""
+        owner = f"{workflow.info().workflow_id}/{workflow.info().run_id}"
+        while not self.draining:
+            self.woken = False
+            leases = await workflow.execute_local_activity_method(
+                ConnectorActivities.claim,
+                _ClaimRequest(config, owner),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=ACTIVITY_RETRY,
+            )
+            if leases:
+                try:
+                    result = await workflow.execute_activity_method(
+                        ConnectorActivities.process,
+                        ProcessRequest(config, leases),
+                        start_to_close_timeout=timedelta(minutes=30),
+                        heartbeat_timeout=timedelta(seconds=max(5.0, config.lease_seconds / 2)),
+                        # Never retried with the same leases: if the process died, its
+                        # leases expire and the stale reclaim records the abandoned attempt.
+                        retry_policy=RetryPolicy(maximum_attempts=1),
+                    )
+                except ActivityError as err:
+                    workflow.logger.warning("batch abandoned, leases will expire: %s", err)
+                else:
+                    if result.blocked or result.wake_keys:
+                        await self._notify(config, result.blocked, result.wake_keys)
+                self.batches += 1
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self.woken or self.draining,
+                        timeout=timedelta(seconds=config.idle_seconds),
+                    )
+            if (
+                self.batches >= config.batches_before_continue_as_new
+                or workflow.info().is_continue_as_new_suggested()
+            ):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(config)
+        return "drained"
