@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -32,6 +36,7 @@ from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, start_controlplane, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker, build_worker
+from tests.builders import record_upsert
 
 
 async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]:
@@ -48,20 +53,13 @@ async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
     events = [
-        queue.EnqueueRequest(
-            installed_pack_id=pack.install_id,
-            namespace=pack.namespace,
-            event_kind="salesforce.record.upsert",
-            idempotency_key=f"c{k}",
-            source_object="Contact",
-            source_id=f"c{k}",
-            target_object="Contact",
-            target_remote_id=f"c{k}",
-            payload={
-                "sobject": "Contact",
-                "remote_id": f"c{k}",
-                "fields": {"FirstName": "Ada", "LastName": f"L{k}", "Email": f"a{k}@x.test"},
-            },
+        record_upsert(
+            pack.install_id,
+            pack.namespace,
+            "Contact",
+            f"c{k}",
+            {"FirstName": "Ada", "LastName": f"L{k}", "Email": f"a{k}@x.test"},
+            key=f"c{k}",
         )
         for k in range(n)
     ]

@@ -62,25 +62,10 @@ from nexusctl.temporal import (
     temporal_binary,
 )
 from nexusctl.worker import build_connector_worker, build_worker
+from tests.builders import record_upsert
 
 WATCH_S = 0.05
 PHASE_TIMEOUT_S = 150.0
-
-
-def event(
-    pack: object, sobject: str, rid: str, fields: dict[str, str], refs: dict[str, str]
-) -> queue.EnqueueRequest:
-    return queue.EnqueueRequest(
-        installed_pack_id=pack.install_id,  # type: ignore[attr-defined]
-        namespace=pack.namespace,  # type: ignore[attr-defined]
-        event_kind="salesforce.record.upsert",
-        idempotency_key=f"{sobject}:{rid}",
-        source_object=sobject,
-        source_id=rid,
-        target_object=sobject,
-        target_remote_id=rid,
-        payload={"sobject": sobject, "remote_id": rid, "fields": fields, "references": refs},
-    )
 
 
 def count_state(engine: Engine, state: str) -> int:
@@ -185,16 +170,22 @@ async def run(
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
     children = [
-        event(
-            pack,
+        record_upsert(
+            pack.install_id,
+            pack.namespace,
             "Contact",
             f"c{k}",
             {"LastName": f"L{k}", "AccountId": f"a{k}"},
-            {"AccountId": f"a{k}"},
+            refs={"AccountId": f"a{k}"},
         )
         for k in range(n)
     ]
-    parents = [event(pack, "Account", f"a{k}", {"Name": f"Account {k}"}, {}) for k in range(n)]
+    parents = [
+        record_upsert(
+            pack.install_id, pack.namespace, "Account", f"a{k}", {"Name": f"Account {k}"}, refs={}
+        )
+        for k in range(n)
+    ]
     queue.enqueue(engine, children)
     seen: dict[str, float] = {}
     woken: dict[str, float] = {}

@@ -19,20 +19,16 @@ from nexuscrm import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, temporal_binary
-from tests.helpers import HookServer
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sfdx"
+# Before tests.builders is first imported, so that the assertions of the test
+# bodies it shares report like a test's own.
+pytest.register_assert_rewrite("tests.builders")
+
+from tests.builders import HookServer  # noqa: E402
+
 MYSQL_URL = os.environ.get("NEXUS_TEST_MYSQL_URL")
 
 BACKENDS = ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)]
-
-
-def corpus_project(name: str) -> Path:
-    """Path of a corpus SFDX project, or skip the test saying why."""
-    path = CORPUS / name
-    if not path.is_dir():
-        pytest.skip(f"corpus project {name} not found at {path} (../shared/corpus is absent)")
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from nexuscrm.controlplane import markers, repair
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
+from tests.builders import event
 
 PACK = "pack-1"
 
@@ -30,18 +31,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 def enqueue(engine: Engine, n: int) -> None:
     wq.enqueue(
         engine,
-        [
-            wq.EnqueueRequest(
-                installed_pack_id=PACK,
-                namespace="sf",
-                event_kind="record.upsert",
-                idempotency_key=f"k{i}",
-                source_object="Account",
-                source_id=f"a{i}",
-                payload={},
-            )
-            for i in range(n)
-        ],
+        [event(PACK, f"k{i}", f"a{i}") for i in range(n)],
     )
 
 

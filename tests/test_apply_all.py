@@ -26,17 +26,9 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import ControlPlaneBusyError, start_controlplane
 from nexusctl.worker import build_worker
-from tests.conftest import corpus_project
-from tests.helpers import snapshot
+from tests.builders import apply_all, corpus_project, snapshot, write_sfdx
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-async def apply_all(env: WorkflowEnvironment, settings: Settings, **kw: object) -> ApplyAllResult:
-    """Start ApplyAll with a worker running and return its result."""
-    async with build_worker(env.client, settings):
-        handle = await start_controlplane(env.client, settings, "ApplyAll", ApplyAllInput(**kw))  # type: ignore[arg-type]
-        return await handle.result()
 
 
 def phase(result: ApplyAllResult, name: str) -> str:
@@ -109,28 +101,6 @@ async def test_apply_all_installs_platform_and_corpus_packs(temporal_env, settin
     assert snapshot(engine) == before
 
 
-def write_sfdx(root: Path, obj: str, fields: dict[str, str]) -> Path:
-    """A minimal SFDX project with one custom object and the given field XML bodies."""
-    base = root / "force-app" / "main" / "default" / "objects" / obj
-    (base / "fields").mkdir(parents=True)
-    (root / "sfdx-project.json").write_text(
-        '{"name": "broken-app", "packageDirectories": [{"path": "force-app"}]}'
-    )
-    (base / f"{obj}.object-meta.xml").write_text(
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        '<CustomObject xmlns="http://soap.sforce.com/2006/04/metadata">'
-        f"<label>{obj}</label><pluralLabel>{obj}s</pluralLabel>"
-        "<nameField><label>Name</label><type>Text</type></nameField></CustomObject>"
-    )
-    for name, body in fields.items():
-        (base / "fields" / f"{name}.field-meta.xml").write_text(
-            '<?xml version="1.0" encoding="UTF-8"?>\n'
-            '<CustomField xmlns="http://soap.sforce.com/2006/04/metadata">'
-            f"<fullName>{name}</fullName>{body}</CustomField>"
-        )
-    return root
-
-
 async def expect_failure(env: WorkflowEnvironment, settings: Settings, sources: list[str]) -> str:
     with pytest.raises(WorkflowFailureError) as info:
         await apply_all(env, settings, app_pack_sources=sources)
@@ -140,9 +110,10 @@ async def expect_failure(env: WorkflowEnvironment, settings: Settings, sources: 
 async def test_unknown_field_type_fails_and_names_the_file(temporal_env, settings, tmp_path):
     src = write_sfdx(
         tmp_path / "app",
-        "Gadget__c",
         {"Good__c": "<label>Good</label><type>Text</type><length>20</length>",
          "Weird__c": "<label>Weird</label><type>Hologram</type>"},
+        label="Gadget__c",
+        project="broken-app",
     )  # fmt: skip
     message = await expect_failure(temporal_env, settings, [str(src)])
     assert "Weird__c.field-meta.xml" in message and "Hologram" in message

@@ -18,7 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,6 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from typer.testing import CliRunner, Result
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
@@ -42,14 +41,20 @@ from nexuscrm.log import configure_logging
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
-from nexusctl.cli import app, controlplane
+from nexusctl.cli import controlplane
 from nexusctl.devserver import reachable
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
-from tests.conftest import MYSQL_URL, corpus_project
-from tests.helpers import snapshot
-
-runner = CliRunner()
+from tests.builders import (
+    apply_all,
+    cli_env,
+    corpus_project,
+    invoke,
+    invoke_async,
+    snapshot,
+    write_sfdx,
+)
+from tests.conftest import MYSQL_URL
 
 
 @pytest.fixture(autouse=True)
@@ -58,46 +63,6 @@ def _logging_on_real_stderr() -> Iterator[None]:
     configure_logging("json", "WARNING")
     yield
     configure_logging("json", "WARNING")
-
-
-def cli_env(
-    settings: Settings | None = None, env: WorkflowEnvironment | None = None
-) -> dict[str, str]:
-    """NEXUS_* variables pointing the CLI at this test's database, server and queue."""
-    out: dict[str, str] = {
-        "NEXUS_ENV": "development",
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
-        "COLUMNS": "400",  # wide enough that rich never folds a path
-    }
-    if settings is not None:
-        out |= {
-            "NEXUS_DATABASE_URL": settings.database_url,
-            "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-            "NEXUS_DATABASE_ID": settings.database_id,
-        }
-    if env is not None:
-        out["NEXUS_TEMPORAL_ADDRESS"] = env.client.service_client.config.target_host
-    return out
-
-
-def invoke(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
-    try:
-        return runner.invoke(app, list(args), env=env)
-    finally:
-        configure_logging("json", "WARNING")
-
-
-async def invoke_async(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
-    """Run a CLI command in a thread (it runs its own event loop)."""
-    return await asyncio.to_thread(invoke, args, env)
-
-
-async def apply_all(env: WorkflowEnvironment, settings: Settings, **kw: object) -> ApplyAllResult:
-    """ApplyAll through the Temporal client with a worker running."""
-    async with build_worker(env.client, settings):
-        handle = await start_controlplane(env.client, settings, "ApplyAll", ApplyAllInput(**kw))  # type: ignore[arg-type]
-        return await handle.result()
 
 
 async def latest_result(env: WorkflowEnvironment, settings: Settings) -> ApplyAllResult:
@@ -119,28 +84,6 @@ def write_app_pack(path: Path, fields: list[dict[str, str]]) -> Path:
         )
     )
     return path
-
-
-def write_sfdx(root: Path, fields: dict[str, str]) -> Path:
-    """A minimal SFDX project with object Gadget__c and the given field XML bodies."""
-    base = root / "force-app" / "main" / "default" / "objects" / "Gadget__c"
-    (base / "fields").mkdir(parents=True)
-    (root / "sfdx-project.json").write_text(
-        '{"name": "gadget-app", "packageDirectories": [{"path": "force-app"}]}'
-    )
-    (base / "Gadget__c.object-meta.xml").write_text(
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        '<CustomObject xmlns="http://soap.sforce.com/2006/04/metadata">'
-        "<label>Gadget</label><pluralLabel>Gadgets</pluralLabel>"
-        "<nameField><label>Name</label><type>Text</type></nameField></CustomObject>"
-    )
-    for name, body in fields.items():
-        (base / "fields" / f"{name}.field-meta.xml").write_text(
-            '<?xml version="1.0" encoding="UTF-8"?>\n'
-            '<CustomField xmlns="http://soap.sforce.com/2006/04/metadata">'
-            f"<fullName>{name}</fullName>{body}</CustomField>"
-        )
-    return root
 
 
 def sqlite_path(settings: Settings) -> Path | None:

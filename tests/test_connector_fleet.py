@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from sqlalchemy import delete, update
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
@@ -37,16 +36,19 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
-from tests.test_cli import cli_env, invoke_async
-from tests.test_connector_runtime import (
+from tests.builders import (
+    cli_env,
     connector_settings,
     fast_fleet,
     hook_events,
     hook_pack,
     install,
+    invoke_async,
     wait_drained,
+    webhook_route,
+    write_connector_pack,
 )
-from tests.test_connector_supervisor import DrainableWorker
+from tests.stubs import DrainableWorker
 from workflows.fleet import ConnectorFleetWorkflow
 from workflows.pack_supervisor import PackSupervisorWorkflow
 
@@ -54,20 +56,7 @@ CRED = "NEXUS_CREDENTIAL_FLEET_CRED"
 
 
 def write_pack(path: Path, name: str, profiles: list[dict[str, Any]]) -> str:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "category": "ConnectorPack",
-                "depends_on": ["platform-core"],
-                "inbound_routes": [
-                    {"event_kind": "hook.event", "flow": "webhook", "webhook_url": "http://x/"}
-                ],
-                "callout_profiles": profiles,
-            }
-        )
-    )
-    return str(path)
+    return str(write_connector_pack(path, name, [webhook_route()], profiles))
 
 
 def profile(name: str = "batch", **kw: Any) -> dict[str, Any]:

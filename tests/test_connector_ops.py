@@ -13,7 +13,7 @@ from nexuscrm.db.engine import make_engine
 from nexusctl.cli import app
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
-from tests.test_connector_runtime import (
+from tests.builders import (
     connector_settings,
     fast_fleet,
     hook_events,

@@ -3,185 +3,44 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import uuid
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
 from sqlalchemy import Engine, select, text
-from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
-from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import ApplyAllInput, DesiredPack, FleetInput, FleetStatus
+from nexuscrm.contracts import FleetStatus
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
-from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
-from nexuscrm.settings import Settings
-from nexusctl.temporal import start_controlplane, start_fleet
-from nexusctl.worker import build_connector_worker, build_worker
-from tests.conftest import corpus_project
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.builders import (
+    SF_SYNC,
+    connector_settings,
+    fast_fleet,
+    hook_events,
+    hook_pack,
+    install,
+    record_upsert,
+    sync_corpus_data_plans_shuffled,
+    wait_drained,
+    wait_pools,
+    write_connector_pack,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
-
-
-def fast_fleet(settings: Settings) -> FleetInput:
-    """Fleet timings short enough for tests."""
-    return FleetInput(
-        database_id=settings.database_id,
-        reconcile_interval_seconds=1,
-        lease_seconds=10,
-        idle_seconds=0.5,
-        drain_timeout_seconds=5,
-        restart_backoff_min_seconds=0.2,
-        restart_backoff_max_seconds=1,
-    )
-
-
-def connector_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"connector_task_queue": f"cn-{uuid.uuid4().hex[:8]}"})
-
-
-async def install(env: WorkflowEnvironment, settings: Settings, sources: list[str]) -> None:
-    async with build_worker(env.client, settings):
-        handle = await start_controlplane(
-            env.client, settings, "ApplyAll", ApplyAllInput(app_pack_sources=sources)
-        )
-        await handle.result()
-
-
-async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
-    """Poll until no item is pending, processing or blocked; return counts by state."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        stats = queue.pack_queue_stats(engine)
-        by_state: dict[str, int] = {}
-        for s in stats:
-            for state, n in s.by_state().items():
-                by_state[state] = by_state.get(state, 0) + n
-        if not any(by_state.get(s) for s in ("pending", "processing", "blocked")):
-            return by_state
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"queue not drained in {timeout} s: {by_state}")
-        await asyncio.sleep(0.3)
-
-
-def data_records(plan: Path) -> list[dict[str, Any]]:
-    records = []
-    for entry in json.loads(plan.read_text()):
-        for name in entry["files"]:
-            records += json.loads((plan.parent / name).read_text())["records"]
-    return records
 
 
 async def test_corpus_data_plans_sync_shuffled(temporal_env, settings):
-    settings = connector_settings(settings)
-    dreamhouse = corpus_project("dreamhouse-lwc")
-    ebikes = corpus_project("ebikes-lwc")
-    await install(temporal_env, settings, [str(dreamhouse), str(ebikes), str(SF_SYNC)])
-    engine = make_engine(settings.database_url)
-    (pack,) = list_connector_packs(engine)
-    plans = [
-        dreamhouse / "data" / "sample-data-plan.json",
-        ebikes / "data" / "sample-data-plan.json",
-    ]
-    events = []
-    for plan in plans:
-        events += events_from_sfdx_plan(
-            plan, installed_pack_id=pack.install_id, namespace=pack.namespace, shuffle=True, seed=7
-        )
-    result = queue.enqueue(engine, events)
-    assert result.inserted == len(events)
-    catalog.CACHE.invalidate()
-    async with (
-        build_worker(temporal_env.client, settings),
-        build_connector_worker(temporal_env.client, settings),
-    ):
-        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
-        states = await wait_drained(engine)
-        await fleet.signal("stop")
-        await fleet.result()
-    assert states == {"succeeded": len(events)}, states
-
-    records = [r for plan in plans for r in data_records(plan)]
-    with engine.connect() as conn:
-        links = {
-            (r.DestinationObject, r.RemoteId): r.RecordId
-            for r in conn.execute(select(t.connector_remote_link))
-        }
-        for rec in records:
-            obj, ref = rec["attributes"]["type"], rec["attributes"]["referenceId"]
-            record_id = links[(obj, ref)]
-            row = (
-                conn.execute(
-                    text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'.replace('"', "`"))
-                    if engine.dialect.name == "mysql"
-                    else text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'),
-                    {"id": record_id},
-                )
-                .mappings()
-                .one()
-            )
-            for key, value in rec.items():
-                if key == "attributes":
-                    continue
-                if isinstance(value, str) and value.startswith("@"):
-                    parent_obj = catalog.CACHE.get(engine).get(obj)
-                    assert parent_obj is not None
-                    field = next(f for f in parent_obj.fields if f.api_name == key)
-                    assert row[key] == links[(field.reference_to, value[1:])], (obj, ref, key)
-                elif isinstance(value, bool):
-                    assert bool(row[key]) == value
-                elif isinstance(value, int | float):
-                    assert Decimal(str(row[key])) == Decimal(str(value)), (obj, ref, key)
-                elif value is not None:
-                    assert str(row[key]) == str(value)[: len(str(row[key]))], (obj, ref, key)
-        for obj in {r["attributes"]["type"] for r in records}:
-            count = conn.execute(text(f"SELECT COUNT(*) FROM {obj}")).scalar_one()
-            expected = sum(1 for r in records if r["attributes"]["type"] == obj)
-            assert count == expected, obj  # once: never duplicated
-
-
-def hook_pack(path: Path, url: str, extra_route: bool = False) -> Path:
-    routes = [{"event_kind": "hook.event", "flow": "webhook", "webhook_url": url}]
-    if extra_route:
-        routes.append({"event_kind": "hook.other", "flow": "webhook", "webhook_url": url})
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": "hook-pack",
-                "category": "ConnectorPack",
-                "depends_on": ["platform-core"],
-                "inbound_routes": routes,
-            }
-        )
-    )
-    return path
-
-
-def hook_events(install_id: str, keys: list[str]) -> list[queue.EnqueueRequest]:
-    return [
-        queue.EnqueueRequest(
-            installed_pack_id=install_id,
-            namespace="hook-pack",
-            event_kind="hook.event",
-            idempotency_key=f"hook:{k}",
-            source_object="Thing",
-            source_id=k,
-            payload={"key": k},
-        )
-        for k in keys
-    ]
+    await sync_corpus_data_plans_shuffled(temporal_env, settings)
 
 
 def work_by_source(engine: Engine) -> dict[str, Any]:
@@ -211,20 +70,13 @@ async def test_same_record_events_apply_in_enqueue_order_with_8_workers(temporal
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     events = [
-        queue.EnqueueRequest(
-            installed_pack_id=pack.install_id,
-            namespace=pack.namespace,
-            event_kind="salesforce.record.upsert",
-            idempotency_key=f"acct{k}:v{i}",
-            source_object="Account",
-            source_id=f"acct{k}",
-            target_object="Account",
-            target_remote_id=f"acct{k}",
-            payload={
-                "sobject": "Account",
-                "remote_id": f"acct{k}",
-                "fields": {"Name": f"Account {k}", "Phone": f"v{i:02d}"},
-            },
+        record_upsert(
+            pack.install_id,
+            pack.namespace,
+            "Account",
+            f"acct{k}",
+            {"Name": f"Account {k}", "Phone": f"v{i:02d}"},
+            key=f"acct{k}:v{i}",
         )
         for i in range(12)
         for k in range(6)
@@ -306,19 +158,6 @@ async def test_pack_change_rebuilds_pool_and_removal_drains_it(
         await fleet.result()
 
 
-async def wait_pools(
-    fleet: Any, count: int, not_fingerprint: str | None = None, timeout: float = 60
-) -> list[DesiredPack]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        pools = (await fleet.query("status", result_type=FleetStatus)).pools
-        if len(pools) == count and all(p.fingerprint != not_fingerprint for p in pools):
-            return pools
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"fleet pools: {pools}")
-        await asyncio.sleep(0.2)
-
-
 async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplicates(
     temporal_env, settings, hook, tmp_path
 ):
@@ -326,42 +165,24 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
     # A connector whose batch read takes a second: a killed worker surely dies
     # holding leases on a batch in flight.
     slow = tmp_path / "slow-sync.yaml"
-    slow.write_text(
-        yaml.safe_dump(
-            {
-                "name": "slow-sync",
-                "category": "ConnectorPack",
-                "depends_on": ["platform-core"],
-                "inbound_routes": [{"event_kind": "salesforce.record.upsert"}],
-                "callout_profiles": [
-                    {
-                        "name": "batch",
-                        "endpoint": hook.url,
-                        "object_path_map": {"Contact": "/records"},
-                    }
-                ],
-            }
-        )
+    write_connector_pack(
+        slow,
+        "slow-sync",
+        [{"event_kind": "salesforce.record.upsert"}],
+        [{"name": "batch", "endpoint": hook.url, "object_path_map": {"Contact": "/records"}}],
     )
     hook.delay = 1.0
     await install(temporal_env, settings, [str(slow)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     events = [
-        queue.EnqueueRequest(
-            installed_pack_id=pack.install_id,
-            namespace=pack.namespace,
-            event_kind="salesforce.record.upsert",
-            idempotency_key=f"c{k}",
-            source_object="Contact",
-            source_id=f"c{k}",
-            target_object="Contact",
-            target_remote_id=f"c{k}",
-            payload={
-                "sobject": "Contact",
-                "remote_id": f"c{k}",
-                "fields": {"FirstName": "F", "LastName": f"L{k}"},
-            },
+        record_upsert(
+            pack.install_id,
+            pack.namespace,
+            "Contact",
+            f"c{k}",
+            {"FirstName": "F", "LastName": f"L{k}"},
+            key=f"c{k}",
         )
         for k in range(400)
     ]

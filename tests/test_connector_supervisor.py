@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from nexuscrm.contracts import InboundWorkerConfig, SupervisorConfig, SupervisorStatus
+from tests.stubs import DrainableWorker
 from workflows.pack_supervisor import PackSupervisorWorkflow
 
 
@@ -28,28 +29,6 @@ class FailingWorker:
     async def run(self, config: InboundWorkerConfig) -> str:
         await workflow.sleep(0.01)
         raise ApplicationError("worker crashed", non_retryable=True)
-
-
-@workflow.defn(name="InboundWorker")
-class DrainableWorker:
-    """Runs until drained."""
-
-    @workflow.init
-    def __init__(self, config: InboundWorkerConfig) -> None:
-        self.draining = False
-
-    @workflow.signal
-    def drain(self) -> None:
-        self.draining = True
-
-    @workflow.signal
-    def wake(self) -> None:
-        pass
-
-    @workflow.run
-    async def run(self, config: InboundWorkerConfig) -> str:
-        await workflow.wait_condition(lambda: self.draining)
-        return "drained"
 
 
 @workflow.defn(name="InboundWorker")

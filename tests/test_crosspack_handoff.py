@@ -38,7 +38,7 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import fleet_input, start_fleet
 from nexusctl.worker import build_connector_worker
-from tests.helpers import HookServer
+from tests.builders import HookServer, record_upsert
 
 NS = "xsync"
 
@@ -113,14 +113,15 @@ def app_install_id(engine: Engine) -> str:
 
 
 def event(engine: Engine, kind: str, remote_id: str, **fields: Any) -> queue.EnqueueRequest:
-    return queue.EnqueueRequest(
-        installed_pack_id=conn_pack(engine).install_id,
-        namespace=NS,
-        event_kind=kind,
-        idempotency_key=f"{kind}:{remote_id}:{uuid.uuid4().hex[:6]}",
-        source_object="Gizmo__c",
-        source_id=remote_id,
-        payload={"sobject": "Gizmo__c", "remote_id": remote_id, "fields": fields},
+    return record_upsert(
+        conn_pack(engine).install_id,
+        NS,
+        "Gizmo__c",
+        remote_id,
+        fields,
+        key=f"{kind}:{remote_id}:{uuid.uuid4().hex[:6]}",
+        kind=kind,
+        targeted=False,
     )
 
 

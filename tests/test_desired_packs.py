@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from sqlalchemy import Engine
 
 from nexuscrm import catalog
@@ -16,30 +15,14 @@ from nexuscrm.connectors.serving import RuntimeServingSelection
 from nexuscrm.controlplane import metadata, packs_apply
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+from tests.builders import webhook_route, write_connector_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
 
 
 def write_pack(path: Path, mode: str = "flow") -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": "hook-pack",
-                "category": "ConnectorPack",
-                "depends_on": ["platform-core"],
-                "inbound_routes": [
-                    {
-                        "event_kind": "hook.event",
-                        "flow": "webhook",
-                        "webhook_url": "http://x/",
-                        "invocation_mode": mode,
-                    }
-                ],
-            }
-        )
-    )
-    return path
+    return write_connector_pack(path, "hook-pack", [webhook_route(invocation_mode=mode)])
 
 
 @pytest.fixture

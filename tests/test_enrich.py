@@ -31,8 +31,14 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.model import CalloutProfile
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
-from tests.conftest import corpus_project
-from tests.test_connector_runtime import connector_settings, fast_fleet, install, wait_drained
+from tests.builders import (
+    connector_settings,
+    corpus_project,
+    fast_fleet,
+    install,
+    record_upsert,
+    wait_drained,
+)
 
 
 class RemoteApi:
@@ -189,18 +195,14 @@ async def test_runtime_enriches_a_batch_with_one_read_per_object(
     engine = make_engine(settings.database_url)
     (row,) = list_connector_packs(engine)
     events = [
-        queue.EnqueueRequest(
-            installed_pack_id=row.install_id,
-            namespace=row.namespace,
-            event_kind="salesforce.record.upsert",
-            idempotency_key=f"b{k}",
-            source_object="Broker__c",
-            source_id=f"b{k}",
-            payload={
-                "sobject": "Broker__c",
-                "remote_id": f"b{k}",
-                "fields": {"Name": f"Broker {k}", "Title__c": "stale"},
-            },
+        record_upsert(
+            row.install_id,
+            row.namespace,
+            "Broker__c",
+            f"b{k}",
+            {"Name": f"Broker {k}", "Title__c": "stale"},
+            key=f"b{k}",
+            targeted=False,
         )
         for k in range(6)
     ]

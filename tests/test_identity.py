@@ -27,6 +27,14 @@ from nexusctl.identity import (
     wake_identity_convergence_remote_identity,
 )
 from nexusctl.temporal import SEARCH_ATTRIBUTES
+from tests.builders import (
+    connector_settings,
+    event,
+    fast_fleet,
+    install,
+    record_upsert,
+    sync_corpus_data_plans_shuffled,
+)
 from workflows.identity import IdentityWaitWorkflow
 
 DEP = Dependency.remote("salesforce-sync", "salesforce-sync", "Account", "acct-1")
@@ -85,16 +93,7 @@ def block(engine: Engine, n: int, dep: Dependency = DEP, *, probe_after: Any = N
     """Enqueue and claim ``n`` items, block them on ``dep``; returns their work ids."""
     tag = uuid.uuid4().hex[:6]
     reqs = [
-        wq.EnqueueRequest(
-            installed_pack_id="inst-1",
-            namespace="salesforce-sync",
-            event_kind="record.upsert",
-            idempotency_key=f"{tag}-{i}",
-            source_object="Contact",
-            source_id=f"{tag}-{i}",
-            payload={},
-        )
-        for i in range(n)
+        event("inst-1", f"{tag}-{i}", namespace="salesforce-sync", obj="Contact") for i in range(n)
     ]
     wq.enqueue(engine, reqs)
     items = wq.claim(
@@ -428,9 +427,7 @@ async def test_hung_probe_times_out_never_expires(skipping_env, settings):
 
 async def test_no_wait_left_running_after_sync(temporal_env, settings):
     """The shuffled DreamHouse + eBikes sync converges; no identity wait is left open."""
-    from tests.test_connector_runtime import test_corpus_data_plans_sync_shuffled
-
-    await test_corpus_data_plans_sync_shuffled(temporal_env, settings)
+    await sync_corpus_data_plans_shuffled(temporal_env, settings)
     query = f"WorkflowType = 'IdentityWait' AND NexusDatabase = '{settings.database_id}'"
     seen = 0
     for _ in range(50):
@@ -630,27 +627,18 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
     from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
     from nexusctl.temporal import start_fleet
     from nexusctl.worker import build_connector_worker
-    from tests.test_connector_runtime import connector_settings, fast_fleet, install
 
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    child = wq.EnqueueRequest(
-        installed_pack_id=pack.install_id,
-        namespace=pack.namespace,
-        event_kind="salesforce.record.upsert",
-        idempotency_key="Contact:c1",
-        source_object="Contact",
-        source_id="c1",
-        target_object="Contact",
-        target_remote_id="c1",
-        payload={
-            "sobject": "Contact",
-            "remote_id": "c1",
-            "fields": {"LastName": "Orphan", "AccountId": "a1"},
-            "references": {"AccountId": "a1"},
-        },
+    child = record_upsert(
+        pack.install_id,
+        pack.namespace,
+        "Contact",
+        "c1",
+        {"LastName": "Orphan", "AccountId": "a1"},
+        refs={"AccountId": "a1"},
     )
     w = t.connector_work_item
     async with build_connector_worker(temporal_env.client, settings):

@@ -16,7 +16,7 @@ from nexuscrm.connectors.importer import events_from_sfdx_plan
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db.engine import make_engine
 from nexuscrm.errors import ManifestError
-from tests.conftest import corpus_project
+from tests.builders import corpus_project, plan_records
 
 PACK = "sf-pack"
 
@@ -27,14 +27,8 @@ def plan_of(project: str) -> Path:
 
 def records_by_type(plan: Path) -> tuple[Counter[str], list[dict[str, Any]]]:
     """Count records per type straight from the plan's JSON files (independent of the importer)."""
-    counts: Counter[str] = Counter()
-    records: list[dict[str, Any]] = []
-    for entry in json.loads(plan.read_text()):
-        for name in entry["files"]:
-            for rec in json.loads((plan.parent / name).read_text())["records"]:
-                counts[rec["attributes"]["type"]] += 1
-                records.append(rec)
-    return counts, records
+    records = plan_records(plan)
+    return Counter(r["attributes"]["type"] for r in records), records
 
 
 @pytest.mark.parametrize("project", ["dreamhouse-lwc", "ebikes-lwc"])

@@ -36,6 +36,7 @@ from nexuscrm.contracts import ReconcileDecision, ReconcileOutcome
 from nexuscrm.controlplane import metadata, packs_apply, repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
+from tests.builders import connector_pack_doc, event, webhook_route
 
 KNOBS = ConnectorKnobs()
 ENV = {"NEXUS_CREDENTIAL_CRM_API": "s3cret"}
@@ -52,15 +53,7 @@ def profile(name: str = "batch", kinds: tuple[str, ...] = ("User",), **kw: Any) 
 
 
 def pack_doc(profiles: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "name": "hook-pack",
-        "category": "ConnectorPack",
-        "depends_on": ["platform-core"],
-        "inbound_routes": [
-            {"event_kind": "hook.event", "flow": "webhook", "webhook_url": "http://x/"}
-        ],
-        "callout_profiles": profiles,
-    }
+    return connector_pack_doc("hook-pack", [webhook_route()], profiles)
 
 
 def install(engine: Engine, tmp_path: Path, profiles: list[dict[str, Any]]) -> str:
@@ -229,7 +222,7 @@ def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp
     install_id = key.split("/")[1]
     wq.enqueue(
         engine,
-        [wq.EnqueueRequest(install_id, "hook-pack", "hook.event", "k", "User", "u1", {})],
+        [event(install_id, "k", "u1", namespace="hook-pack", kind="hook.event", obj="User")],
     )
     with engine.begin() as conn:
         conn.execute(update(t.connector_work_item).values(Generation=7))
@@ -259,7 +252,7 @@ def test_drain_only_generation_keeps_a_worker_until_its_queue_is_empty(engine, t
     install_id = key.split("/")[1]
     wq.enqueue(
         engine,
-        [wq.EnqueueRequest(install_id, "hook-pack", "hook.event", "k", "User", "u1", {})],
+        [event(install_id, "k", "u1", namespace="hook-pack", kind="hook.event", obj="User")],
     )
     drain(engine, key)
     d = only(plan(engine, "startup"))
@@ -277,7 +270,7 @@ def test_drain_only_setup_failure_is_a_blocked_reason_never_a_fleet_failure(engi
     install_id = key.split("/")[1]
     wq.enqueue(
         engine,
-        [wq.EnqueueRequest(install_id, "hook-pack", "hook.event", "k", "User", "u1", {})],
+        [event(install_id, "k", "u1", namespace="hook-pack", kind="hook.event", obj="User")],
     )
     drain(engine, key)
     p = plan(engine, "startup", env={})  # its credential is not set

@@ -16,6 +16,7 @@ from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.errors import NexusError
+from tests.builders import event
 
 PACK = "pack-1"
 W = t.connector_work_item
@@ -39,17 +40,14 @@ def req(
     pack: str = PACK,
 ) -> wq.EnqueueRequest:
     """An upsert event for ``obj``/``source_id`` (default: the key)."""
-    return wq.EnqueueRequest(
-        installed_pack_id=pack,
-        namespace="sf",
-        event_kind="record.upsert",
-        idempotency_key=key,
-        source_object=obj,
-        source_id=source_id or key,
+    return event(
+        pack,
+        key,
+        source_id or key,
+        obj=obj,
         payload={"key": key, "n": 1},
+        target=target,
         queue_class=queue_class,
-        target_object=obj if target else None,
-        target_remote_id=target,
     )
 
 

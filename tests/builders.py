@@ -1,0 +1,525 @@
+"""Builders and shared helpers for tests and benches: the one home of them.
+
+- events: :func:`event` (any inbound event), :func:`record_upsert` (a
+  ``salesforce.record.upsert``-shaped record event), :func:`hook_events`;
+  :func:`plan_records` reads an SFDX data plan's records;
+- packs: :func:`connector_pack_doc` / :func:`write_connector_pack`,
+  :func:`webhook_route`, :func:`hook_pack`, :func:`write_sfdx`;
+- databases: :func:`corpus_project`, :func:`snapshot`;
+- control plane and fleet: :func:`apply_all`, :func:`install`,
+  :func:`connector_settings`, :func:`fast_fleet`, :func:`wait_drained`,
+  :func:`wait_pools`;
+- the CLI: :func:`cli_env`, :func:`invoke`, :func:`invoke_async`;
+- endpoints: :class:`HookServer`;
+- shared test bodies: :func:`sync_corpus_data_plans_shuffled`.
+
+Workflow stand-ins live in :mod:`tests.stubs` instead: a sandboxed Temporal
+worker re-imports the module that defines a workflow, and this one imports far
+too much for the sandbox.
+
+Test modules import from here, never from each other. The benches (``bench/``)
+import the event builders too, so nothing here imports pytest at module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import Engine, inspect, select, text
+from temporalio.testing import WorkflowEnvironment
+from typer.testing import CliRunner, Result
+
+from nexuscrm import catalog
+from nexuscrm.connectors import queue
+from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import (
+    ApplyAllInput,
+    ApplyAllResult,
+    DesiredPack,
+    FleetInput,
+    FleetStatus,
+)
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import index_names
+from nexuscrm.db.engine import make_engine
+from nexuscrm.log import configure_logging
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+from nexuscrm.settings import Settings
+from nexusctl.cli import app
+from nexusctl.temporal import start_controlplane, start_fleet
+from nexusctl.worker import build_connector_worker, build_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus" / "sfdx"
+SF_SYNC = CONNECTOR_PACKS_DIR / "salesforce-sync"
+
+
+# --- events ------------------------------------------------------------------------
+
+
+def event(
+    pack_id: str,
+    key: str,
+    source_id: str | None = None,
+    *,
+    namespace: str = "sf",
+    kind: str = "record.upsert",
+    obj: str = "Account",
+    payload: dict[str, Any] | None = None,
+    target: str | None = None,
+    **options: Any,
+) -> queue.EnqueueRequest:
+    """An inbound event of installed pack ``pack_id`` with idempotency key ``key``.
+
+    Its source is ``obj``/``source_id`` (default: the key); ``target`` names
+    the target remote id on ``obj`` (none by default: the source lane).
+    ``options`` are the remaining :class:`~queue.EnqueueRequest` fields
+    (``queue_class``, ``route_version``, ``companion_pack_install_id``).
+    """
+    return queue.EnqueueRequest(
+        installed_pack_id=pack_id,
+        namespace=namespace,
+        event_kind=kind,
+        idempotency_key=key,
+        source_object=obj,
+        source_id=key if source_id is None else source_id,
+        payload={} if payload is None else payload,
+        target_object=obj if target else None,
+        target_remote_id=target,
+        **options,
+    )
+
+
+def record_upsert(
+    pack_id: str,
+    namespace: str,
+    sobject: str,
+    remote_id: str,
+    fields: dict[str, Any],
+    *,
+    refs: dict[str, str] | None = None,
+    key: str | None = None,
+    kind: str = "salesforce.record.upsert",
+    targeted: bool = True,
+) -> queue.EnqueueRequest:
+    """A record event as the importer and the salesforce-sync pack shape it.
+
+    Payload ``{"sobject", "remote_id", "fields"}`` plus ``"references"`` when
+    ``refs`` is given; key ``<sobject>:<remote_id>`` unless ``key``; source
+    and (when ``targeted``) target are ``sobject``/``remote_id``.
+    """
+    payload: dict[str, Any] = {"sobject": sobject, "remote_id": remote_id, "fields": fields}
+    if refs is not None:
+        payload["references"] = refs
+    return event(
+        pack_id,
+        f"{sobject}:{remote_id}" if key is None else key,
+        remote_id,
+        namespace=namespace,
+        kind=kind,
+        obj=sobject,
+        payload=payload,
+        target=remote_id if targeted else None,
+    )
+
+
+def hook_events(install_id: str, keys: list[str]) -> list[queue.EnqueueRequest]:
+    """``hook.event`` events of :func:`hook_pack`, one per key (payload ``{"key": k}``)."""
+    return [
+        event(
+            install_id,
+            f"hook:{k}",
+            k,
+            namespace="hook-pack",
+            kind="hook.event",
+            obj="Thing",
+            payload={"key": k},
+        )
+        for k in keys
+    ]
+
+
+def plan_records(plan: Path) -> list[dict[str, Any]]:
+    """The records of an SFDX data plan, in plan order, read straight from its files."""
+    records: list[dict[str, Any]] = []
+    for entry in json.loads(plan.read_text()):
+        for name in entry["files"]:
+            records += json.loads((plan.parent / name).read_text())["records"]
+    return records
+
+
+# --- packs -------------------------------------------------------------------------
+
+
+def webhook_route(
+    url: str = "http://x/", kind: str = "hook.event", **options: Any
+) -> dict[str, Any]:
+    """An inbound route of ``kind`` handled by the webhook flow posting to ``url``."""
+    return {"event_kind": kind, "flow": "webhook", "webhook_url": url, **options}
+
+
+def connector_pack_doc(
+    name: str,
+    routes: list[dict[str, Any]],
+    profiles: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A ConnectorPack manifest on platform-core (``callout_profiles`` when given)."""
+    doc: dict[str, Any] = {
+        "name": name,
+        "category": "ConnectorPack",
+        "depends_on": ["platform-core"],
+        "inbound_routes": routes,
+    }
+    if profiles is not None:
+        doc["callout_profiles"] = profiles
+    return doc
+
+
+def write_connector_pack(
+    path: Path,
+    name: str,
+    routes: list[dict[str, Any]],
+    profiles: list[dict[str, Any]] | None = None,
+) -> Path:
+    """:func:`connector_pack_doc` written to ``path`` as YAML."""
+    path.write_text(yaml.safe_dump(connector_pack_doc(name, routes, profiles)))
+    return path
+
+
+def hook_pack(path: Path, url: str, extra_route: bool = False) -> Path:
+    """ConnectorPack ``hook-pack``: ``hook.event`` (and ``hook.other``) to webhook ``url``."""
+    routes = [webhook_route(url)]
+    if extra_route:
+        routes.append(webhook_route(url, "hook.other"))
+    return write_connector_pack(path, "hook-pack", routes)
+
+
+def write_sfdx(
+    root: Path,
+    fields: dict[str, str],
+    *,
+    obj: str = "Gadget__c",
+    label: str = "Gadget",
+    project: str = "gadget-app",
+) -> Path:
+    """A minimal SFDX project ``project`` with custom object ``obj`` (labels
+    ``label`` / ``label`` + "s") and the given field XML bodies."""
+    base = root / "force-app" / "main" / "default" / "objects" / obj
+    (base / "fields").mkdir(parents=True)
+    (root / "sfdx-project.json").write_text(
+        f'{{"name": "{project}", "packageDirectories": [{{"path": "force-app"}}]}}'
+    )
+    (base / f"{obj}.object-meta.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<CustomObject xmlns="http://soap.sforce.com/2006/04/metadata">'
+        f"<label>{label}</label><pluralLabel>{label}s</pluralLabel>"
+        "<nameField><label>Name</label><type>Text</type></nameField></CustomObject>"
+    )
+    for name, body in fields.items():
+        (base / "fields" / f"{name}.field-meta.xml").write_text(
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<CustomField xmlns="http://soap.sforce.com/2006/04/metadata">'
+            f"<fullName>{name}</fullName>{body}</CustomField>"
+        )
+    return root
+
+
+# --- databases ---------------------------------------------------------------------
+
+
+def corpus_project(name: str) -> Path:
+    """Path of a corpus SFDX project, or skip the test saying why."""
+    path = CORPUS / name
+    if not path.is_dir():
+        import pytest  # here, not at the top: the benches import this module
+
+        pytest.skip(f"corpus project {name} not found at {path} (../shared/corpus is absent)")
+    return path
+
+
+def snapshot(engine: Engine) -> dict[str, Any]:
+    """Everything ApplyAll converges, minus timestamps and generated install ids.
+
+    Tables with their columns and indexes, views, object/field metadata rows,
+    installed packs (name, status, hash) and the ApplyAll marker status.
+    """
+    insp = inspect(engine)
+    tables = {}
+    for name in sorted(insp.get_table_names()):
+        cols = sorted(c["name"] for c in insp.get_columns(name))
+        tables[name] = {"columns": cols, "indexes": sorted(index_names(engine, name))}
+    with engine.connect() as conn:
+        objects = sorted(
+            tuple(r)
+            for r in conn.execute(
+                select(
+                    t.object_meta.c.Id,
+                    t.object_meta.c.ApiName,
+                    t.object_meta.c.TableType,
+                    t.object_meta.c.PackName,
+                    t.object_meta.c.Label,
+                    t.object_meta.c.PluralLabel,
+                )
+            )
+        )
+        fields = sorted(
+            tuple(r)
+            for r in conn.execute(
+                select(
+                    t.field_meta.c.Id,
+                    t.field_meta.c.ObjectId,
+                    t.field_meta.c.FieldType,
+                    t.field_meta.c.ColumnNames,
+                    t.field_meta.c.PackName,
+                    t.field_meta.c.Formula,
+                )
+            )
+        )
+        packs = sorted(
+            tuple(r)
+            for r in conn.execute(
+                select(
+                    t.installed_pack.c.Name,
+                    t.installed_pack.c.Status,
+                    t.installed_pack.c.PayloadHash,
+                )
+            )
+        )
+    return {
+        "tables": tables,
+        "views": sorted(insp.get_view_names()),
+        "objects": objects,
+        "fields": fields,
+        "packs": packs,
+    }
+
+
+# --- control plane and fleet -------------------------------------------------------
+
+
+async def apply_all(env: WorkflowEnvironment, settings: Settings, **kw: object) -> ApplyAllResult:
+    """ApplyAll through the Temporal client with a worker running; its result."""
+    async with build_worker(env.client, settings):
+        handle = await start_controlplane(env.client, settings, "ApplyAll", ApplyAllInput(**kw))  # type: ignore[arg-type]
+        return await handle.result()
+
+
+async def install(env: WorkflowEnvironment, settings: Settings, sources: list[str]) -> None:
+    """ApplyAll of the app/connector pack ``sources`` (a worker runs meanwhile)."""
+    await apply_all(env, settings, app_pack_sources=sources)
+
+
+def connector_settings(settings: Settings) -> Settings:
+    """``settings`` with a connector task queue of its own."""
+    return settings.model_copy(update={"connector_task_queue": f"cn-{uuid.uuid4().hex[:8]}"})
+
+
+def fast_fleet(settings: Settings) -> FleetInput:
+    """Fleet timings short enough for tests."""
+    return FleetInput(
+        database_id=settings.database_id,
+        reconcile_interval_seconds=1,
+        lease_seconds=10,
+        idle_seconds=0.5,
+        drain_timeout_seconds=5,
+        restart_backoff_min_seconds=0.2,
+        restart_backoff_max_seconds=1,
+    )
+
+
+async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
+    """Poll until no item is pending, processing or blocked; return counts by state."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stats = queue.pack_queue_stats(engine)
+        by_state: dict[str, int] = {}
+        for s in stats:
+            for state, n in s.by_state().items():
+                by_state[state] = by_state.get(state, 0) + n
+        if not any(by_state.get(s) for s in ("pending", "processing", "blocked")):
+            return by_state
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"queue not drained in {timeout} s: {by_state}")
+        await asyncio.sleep(0.3)
+
+
+async def wait_pools(
+    fleet: Any, count: int, not_fingerprint: str | None = None, timeout: float = 60
+) -> list[DesiredPack]:
+    """Poll the fleet's status until it runs ``count`` pools, none of fingerprint
+    ``not_fingerprint``; return them."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        pools = (await fleet.query("status", result_type=FleetStatus)).pools
+        if len(pools) == count and all(p.fingerprint != not_fingerprint for p in pools):
+            return pools
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"fleet pools: {pools}")
+        await asyncio.sleep(0.2)
+
+
+# --- the CLI -----------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def cli_env(
+    settings: Settings | None = None, env: WorkflowEnvironment | None = None
+) -> dict[str, str]:
+    """NEXUS_* variables pointing the CLI at this test's database, server and queue."""
+    out: dict[str, str] = {
+        "NEXUS_ENV": "development",
+        "NEXUS_LOG_FORMAT": "json",
+        "NEXUS_LOG_LEVEL": "WARNING",
+        "COLUMNS": "400",  # wide enough that rich never folds a path
+    }
+    if settings is not None:
+        out |= {
+            "NEXUS_DATABASE_URL": settings.database_url,
+            "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
+            "NEXUS_DATABASE_ID": settings.database_id,
+        }
+    if env is not None:
+        out["NEXUS_TEMPORAL_ADDRESS"] = env.client.service_client.config.target_host
+    return out
+
+
+def invoke(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
+    """Run a CLI command through typer's CliRunner; logging is rebound afterwards."""
+    try:
+        return runner.invoke(app, list(args), env=env)
+    finally:
+        configure_logging("json", "WARNING")
+
+
+async def invoke_async(args: Sequence[str], env: Mapping[str, str | None]) -> Result:
+    """Run a CLI command in a thread (it runs its own event loop)."""
+    return await asyncio.to_thread(invoke, args, env)
+
+
+# --- endpoints ---------------------------------------------------------------------
+
+
+class HookServer:
+    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.script: dict[str, list[int]] = {}  # idempotency source id -> statuses to answer
+        self.delay = 0.0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.received.append(body)
+                time.sleep(outer.delay)
+                key = (body.get("payload") or {}).get("key", "")
+                statuses = outer.script.get(key) or [200]
+                status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+                # Also a valid batch-read answer (nothing to enrich), so the same
+                # server can stand in for a slow callout endpoint.
+                data = b'{"records": {}}'
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+# --- shared test bodies ------------------------------------------------------------
+
+
+async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Settings) -> None:
+    """DreamHouse + eBikes sample data plans, shuffled, synced through the fleet.
+
+    Installs both corpus projects and salesforce-sync (on a connector queue of
+    its own), enqueues every plan record as an event, runs the fleet until the
+    queue drains, and asserts every event succeeded and every record landed
+    exactly once with its fields and resolved lookups.
+    """
+    settings = connector_settings(settings)
+    dreamhouse = corpus_project("dreamhouse-lwc")
+    ebikes = corpus_project("ebikes-lwc")
+    await install(env, settings, [str(dreamhouse), str(ebikes), str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    plans = [
+        dreamhouse / "data" / "sample-data-plan.json",
+        ebikes / "data" / "sample-data-plan.json",
+    ]
+    events = []
+    for plan in plans:
+        events += events_from_sfdx_plan(
+            plan, installed_pack_id=pack.install_id, namespace=pack.namespace, shuffle=True, seed=7
+        )
+    result = queue.enqueue(engine, events)
+    assert result.inserted == len(events)
+    catalog.CACHE.invalidate()
+    async with (
+        build_worker(env.client, settings),
+        build_connector_worker(env.client, settings),
+    ):
+        fleet = await start_fleet(env.client, settings, fast_fleet(settings))
+        states = await wait_drained(engine)
+        await fleet.signal("stop")
+        await fleet.result()
+    assert states == {"succeeded": len(events)}, states
+
+    records = [r for plan in plans for r in plan_records(plan)]
+    with engine.connect() as conn:
+        links = {
+            (r.DestinationObject, r.RemoteId): r.RecordId
+            for r in conn.execute(select(t.connector_remote_link))
+        }
+        for rec in records:
+            obj, ref = rec["attributes"]["type"], rec["attributes"]["referenceId"]
+            record_id = links[(obj, ref)]
+            row = (
+                conn.execute(
+                    text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'.replace('"', "`"))
+                    if engine.dialect.name == "mysql"
+                    else text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'),
+                    {"id": record_id},
+                )
+                .mappings()
+                .one()
+            )
+            for key, value in rec.items():
+                if key == "attributes":
+                    continue
+                if isinstance(value, str) and value.startswith("@"):
+                    parent_obj = catalog.CACHE.get(engine).get(obj)
+                    assert parent_obj is not None
+                    field = next(f for f in parent_obj.fields if f.api_name == key)
+                    assert row[key] == links[(field.reference_to, value[1:])], (obj, ref, key)
+                elif isinstance(value, bool):
+                    assert bool(row[key]) == value
+                elif isinstance(value, int | float):
+                    assert Decimal(str(row[key])) == Decimal(str(value)), (obj, ref, key)
+                elif value is not None:
+                    assert str(row[key]) == str(value)[: len(str(row[key]))], (obj, ref, key)
+        for obj in {r["attributes"]["type"] for r in records}:
+            count = conn.execute(text(f"SELECT COUNT(*) FROM {obj}")).scalar_one()
+            expected = sum(1 for r in records if r["attributes"]["type"] == obj)
+            assert count == expected, obj  # once: never duplicated
