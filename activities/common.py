@@ -12,6 +12,7 @@ and cancellation takes effect only at safe points: :func:`heartbeat` and
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import threading
@@ -39,6 +40,14 @@ def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if len(message) <= limit:
         return message
     return f"{message[:limit]}... [{len(message) - limit} more characters]"
+
+
+def _shield() -> contextlib.AbstractContextManager[None]:
+    """``activity.shield_thread_cancel_exception()`` inside an activity; nothing
+    outside one (an activity method called directly, as tests and tools do)."""
+    if activity.in_activity():
+        return activity.shield_thread_cancel_exception()
+    return contextlib.nullcontext()
 
 
 class _Ticker:
@@ -151,7 +160,7 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
         ticker = _Ticker()
         token = _TICKER.set(ticker)
         try:
-            with activity.shield_thread_cancel_exception(), ticker:
+            with _shield(), ticker:
                 return fn(*args, **kwargs)
         except CancelledError:
             raise
@@ -187,7 +196,7 @@ def shielded(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with activity.shield_thread_cancel_exception():
+        with _shield():
             return fn(*args, **kwargs)
 
     return wrapper
