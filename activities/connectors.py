@@ -160,6 +160,39 @@ class ConnectorActivities:
             log.warning("orphaned connector pools drained", pools=drained)
         return drained
 
+    @activity.defn(name="connectors.closed_pools")
+    async def closed_pools(self, workflow_ids: list[str]) -> list[str]:
+        """The PackSupervisor ids among ``workflow_ids`` whose latest run is not running.
+
+        One describe per id (strongly consistent, unlike a visibility list); an id
+        the server does not know counts as closed. The fleet rebuilds these pools
+        (the seed's reconcile rebuilds a pool whose handle is done).
+        """
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        client = activity.client()
+        closed: list[str] = []
+        for wf_id in workflow_ids:
+            try:
+                desc = await client.get_workflow_handle(wf_id).describe()
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                closed.append(wf_id)
+                continue
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                closed.append(wf_id)
+        if closed:
+            log.warning("connector pools closed", pools=closed)
+        return closed
+
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""
-        return [self.reconcile_plan, self.claim, self.process, self.drain_orphan_pools]
+        return [
+            self.reconcile_plan,
+            self.claim,
+            self.process,
+            self.drain_orphan_pools,
+            self.closed_pools,
+        ]

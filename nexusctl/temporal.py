@@ -27,6 +27,7 @@ from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, FleetInput, Operat
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.failures import DATA_CONVERTER
+from workflows.common import PACK_KEY
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
 from workflows.identity import DEPENDENCY_OBJECT_KEY
 
@@ -35,6 +36,7 @@ SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [
     DATABASE_KEY,
     OPERATION_KEY,
     DEPENDENCY_OBJECT_KEY,
+    PACK_KEY,
 ]
 
 

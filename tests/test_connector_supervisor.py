@@ -131,7 +131,10 @@ class ContinuingWorker:
         return "drained"
 
 
-async def test_clean_return_and_continue_as_new_are_not_restarts(skipping_env):
+async def test_clean_return_is_re_run_and_continue_as_new_is_not_a_restart(skipping_env):
+    """The seed's claim-first ``superviseWorker`` re-runs a worker that returns cleanly at
+    once (issue 10 item 3; this test asserted the lost capacity before): neither the
+    re-run nor the worker's continue-as-new counts as a restart or backs off."""
     queue = f"sup-{uuid.uuid4().hex[:6]}"
     async with Worker(
         skipping_env.client, task_queue=queue, workflows=[PackSupervisorWorkflow, ContinuingWorker]
@@ -139,16 +142,25 @@ async def test_clean_return_and_continue_as_new_are_not_restarts(skipping_env):
         handle = await skipping_env.client.start_workflow(
             PackSupervisorWorkflow.run, config(2), id=f"sup-{uuid.uuid4()}", task_queue=queue
         )
+        starts: list[str] = []
         for _ in range(100):
             await skipping_env.sleep(timedelta(seconds=1))
-            status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
-            if all(w.state == "drained" for w in status.workers):
+            history = await handle.fetch_history()
+            starts = [
+                e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+                for e in history.events
+                if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+            ]
+            if len(starts) >= 6:
                 break
-        assert [(w.state, w.restarts, w.next_backoff_s) for w in status.workers] == [
-            ("drained", 0, 0.0),
-            ("drained", 0, 0.0),
-        ]
-        # each worker ran three times (two continue-as-new), none of them a restart
+        # each ordinal ran again after its clean return (three runs each, two of them CAN)
+        assert {wf_id: starts.count(wf_id) for wf_id in set(starts)} == {
+            f"{handle.id}/r0/worker-0": starts.count(f"{handle.id}/r0/worker-0"),
+            f"{handle.id}/r0/worker-1": starts.count(f"{handle.id}/r0/worker-1"),
+        }
+        assert min(starts.count(f"{handle.id}/r0/worker-{n}") for n in (0, 1)) >= 2
+        status = await handle.query(PackSupervisorWorkflow.status, result_type=SupervisorStatus)
+        assert [(w.restarts, w.next_backoff_s) for w in status.workers] == [(0, 0.0), (0, 0.0)]
         await handle.signal(PackSupervisorWorkflow.drain)
         assert await handle.result() == "drained"
 
@@ -194,4 +206,9 @@ async def test_supervisor_never_finalizes_an_item_a_worker_held(skipping_env):
         assert await handle.result() == "drained"
     history = await handle.fetch_history()
     assert not [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")]
-    assert not [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    markers = [
+        e.marker_recorded_event_attributes.marker_name
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    assert set(markers) <= {"core_patch"}  # no local activity; a workflow.patched() marker only

@@ -1,8 +1,28 @@
-"""Constants shared by the connector workflows (fleet and pack supervisor)."""
+"""Constants and helpers shared by the connector workflows (fleet and pack supervisor)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError
+
 # Wakes arriving within this window are forwarded as one.
 WAKE_COALESCE = timedelta(milliseconds=200)
+
+PACK_KEY = SearchAttributeKey.for_keyword("NexusPack")
+"""Search attribute on PackSupervisor and InboundWorker executions: the pack's namespace."""
+
+HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 10_000
+"""Bound on a long-lived connector workflow's history (events), beside the server's
+``is_continue_as_new_suggested()`` (the hard limit is 51,200 events)."""
+
+
+def is_not_found(err: BaseException) -> bool:
+    """True when a cross-workflow signal failed because the target workflow is gone.
+
+    The SDK raises an ``ApplicationError`` for a failed ``SignalExternalWorkflowExecution``
+    command; its cause ``EXTERNAL_WORKFLOW_EXECUTION_NOT_FOUND`` reads "... not found".
+    Any other failure is unexpected and must surface (never swallowed).
+    """
+    return isinstance(err, ApplicationError) and "not found" in str(err).lower()

@@ -14,7 +14,12 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -22,7 +27,13 @@ from temporalio.exceptions import (
 )
 from temporalio.workflow import ParentClosePolicy
 
-from workflows.common import WAKE_COALESCE
+from workflows.common import (
+    HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW,
+    PACK_KEY,
+    WAKE_COALESCE,
+    is_not_found,
+)
+from workflows.controlplane import DATABASE_KEY
 from workflows.inbound_worker import InboundWorkerWorkflow
 from workflows.pack_supervisor import PackSupervisorWorkflow
 
@@ -79,8 +90,23 @@ class ConnectorFleetWorkflow:
       pools and preserves running ones on read errors.
 
     Each clears the ``blocked`` map (packs not served, with the reason) and
-    refills it from the plan. Pools are started with ABANDON so they outlive
-    this workflow's continue-as-new; the next run adopts them from its input.
+    refills it from the plan.
+
+    Under patch ``fleet-lifecycle-v2``: a periodic reconcile first asks
+    ``connectors.closed_pools`` (a describe per pool) which pools closed and
+    drops them, so the plan starts them again (the seed rebuilds a pool whose
+    handle is done); unchanged pools are no longer woken through history
+    (workers have idle timers; ``wake`` still reaches them when work is
+    enqueued); a signal that finds no workflow drops the pool and requests a
+    reconcile, any other signal failure is recorded in ``last_error``; pools
+    carry the ``NexusDatabase`` / ``NexusPack`` search attributes; the fleet
+    continues-as-new when the server suggests it or the history passes
+    ``HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW``. ``prune`` and every reconcile
+    hold one lock (samples-python ``safe_message_handlers``), so a paused
+    reconcile never restarts a pool prune just removed.
+
+    Pools are started with ABANDON so they outlive this workflow's
+    continue-as-new; the next run adopts them from its input.
     ``stop`` waits at most ``reconcile_stop_timeout_seconds`` (5 s) for an
     in-flight reconcile, cancels it, then drains every pool (each pool waits
     its drain timeout, 30 s, then cancels its workers).
@@ -103,6 +129,8 @@ class ConnectorFleetWorkflow:
         self.blocked: dict[str, str] = dict(inp.blocked)
         self.degraded: dict[str, str] = dict(inp.degraded)
         self.lifecycle_busy = 0
+        self.lock = asyncio.Lock()  # prune and reconcile, one at a time
+        self.v2 = False
 
     @workflow.signal
     def reconcile(self) -> None:
@@ -133,9 +161,10 @@ class ConnectorFleetWorkflow:
         while not self.stopping:
             await workflow.wait_condition(lambda: bool(self.wake_targets) or self.stopping)
             targets, self.wake_targets = self.wake_targets, set()
-            for pack in list(self.running.values()):
-                if (pack.install_id in targets or WAKE_ALL in targets) and not self.stopping:
-                    await self._signal(pack, "wake")
+            for key, pack in list(self.running.items()):
+                wanted = pack.install_id in targets or WAKE_ALL in targets
+                if wanted and not self.stopping and not await self._signal(pack, "wake"):
+                    self._drop_closed(key, pack)
             await workflow.sleep(WAKE_COALESCE)
 
     @workflow.update
@@ -143,13 +172,14 @@ class ConnectorFleetWorkflow:
         """Port of ``PruneWorkerIncarnation``: drain that pool now; True if one ran."""
         self.lifecycle_busy += 1
         try:
-            key = f"{namespace}/{install_id}"
-            self.blocked.pop(key, None)
-            pack = self.running.pop(key, None)
-            if pack is None:
-                return False
-            await self._signal(pack, "drain")
-            return True
+            async with self.lock:
+                key = f"{namespace}/{install_id}"
+                self.blocked.pop(key, None)
+                pack = self.running.pop(key, None)
+                if pack is None:
+                    return False
+                await self._signal(pack, "drain")
+                return True
         finally:
             self.lifecycle_busy -= 1
 
@@ -165,12 +195,51 @@ class ConnectorFleetWorkflow:
             stopping=self.stopping,
         )
 
-    async def _signal(self, pack: DesiredPack, name: str) -> None:
+    async def _signal(self, pack: DesiredPack, name: str) -> bool:
+        """Signal a pool; False when it is gone ("not found", the only expected failure).
+
+        Any other failure is recorded in ``last_error`` and logged as an error
+        (v2); it is never silent, and never fails the fleet.
+        """
         handle = workflow.get_external_workflow_handle(pack.supervisor_workflow_id)
         try:
             await handle.signal(name)
-        except Exception as err:  # pool already ended: nothing to wake or drain
+        except ApplicationError as err:
+            if self.v2 and not is_not_found(err):
+                self.last_error = f"signal {name} to {pack.supervisor_workflow_id} failed: {err}"
+                workflow.logger.error(self.last_error)
+                return True
             workflow.logger.info("signal %s to %s skipped: %s", name, pack.install_id, err)
+            return False
+        return True
+
+    def _drop_closed(self, key: str, pack: DesiredPack) -> None:
+        """A pool that closed on its own: forget it and rebuild it at the next reconcile (v2)."""
+        if self.v2 and self.running.get(key) is pack:
+            workflow.logger.warning("pool %s closed; rebuilding", pack.supervisor_workflow_id)
+            del self.running[key]
+            if self.requested is None:
+                self.requested = MODE_CHANGED
+
+    async def _drop_closed_pools(self) -> None:
+        """Periodic liveness check: drop every pool whose supervisor is not running."""
+        if not self.running:
+            return
+        ids = {p.supervisor_workflow_id: k for k, p in self.running.items()}
+        try:
+            closed = await workflow.execute_activity_method(
+                ConnectorActivities.closed_pools,
+                list(ids),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as err:  # the next reconcile checks again
+            workflow.logger.warning("pool liveness check failed: %s", err)
+            return
+        for wf_id in closed:
+            key = ids[wf_id]
+            workflow.logger.warning("pool %s closed; rebuilding", wf_id)
+            self.running.pop(key, None)
 
     async def _stop_pool(self, key: str) -> None:
         pack = self.running.pop(key, None)
@@ -208,6 +277,16 @@ class ConnectorFleetWorkflow:
                 id=pack.supervisor_workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                search_attributes=(
+                    TypedSearchAttributes(
+                        [
+                            SearchAttributePair(DATABASE_KEY, self.inp.database_id),
+                            SearchAttributePair(PACK_KEY, pack.namespace),
+                        ]
+                    )
+                    if self.v2
+                    else None
+                ),
             )
         except WorkflowAlreadyStartedError as err:  # next reconcile tries again
             workflow.logger.warning("pool %s not started: %s", pack.supervisor_workflow_id, err)
@@ -282,7 +361,8 @@ class ConnectorFleetWorkflow:
                 if pack is not None:
                     if d.pack is not None:
                         pack.degraded = d.pack.degraded
-                    await self._signal(pack, "wake")
+                    if not self.v2:  # v2: no keep-wakes through history (idle timers)
+                        await self._signal(pack, "wake")
             elif d.action == ACTION_PRESERVE:
                 workflow.logger.warning("pool %s preserved: %s", d.key, d.reason)
         for key in list(self.running):
@@ -320,17 +400,32 @@ class ConnectorFleetWorkflow:
                     start_to_close_timeout=timedelta(seconds=60),
                     retry_policy=RetryPolicy(maximum_attempts=3),
                 )
-            await self._reconcile(mode)
+            async with self.lock:
+                await self._reconcile(mode)
             # Startup recovery is not a readiness gate (the seed defers its errors).
             await self._recover_waits()
         elif mode == MODE_PERIODIC:
             await self._recover_waits()  # due identity recovery first (reconcileBacklog)
-            if self.lifecycle_busy:  # the seed's TryLock: never wait on a busy lifecycle
+            # the seed's TryLock: never wait on a busy lifecycle
+            if self.lifecycle_busy or self.lock.locked():
                 workflow.logger.info("periodic reconcile skipped: lifecycle busy")
                 return
-            await self._reconcile(mode)
+            async with self.lock:
+                if self.v2:
+                    await self._drop_closed_pools()
+                await self._reconcile(mode)
         else:
-            await self._reconcile(mode)
+            async with self.lock:
+                await self._reconcile(mode)
+
+    def _continue_as_new_due(self) -> bool:
+        if self.reconciles >= self.inp.reconciles_before_continue_as_new:
+            return True
+        info = workflow.info()
+        return self.v2 and (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() > HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW
+        )
 
     @workflow.run
     async def run(self, inp: FleetInput) -> None:
@@ -339,6 +434,7 @@ class ConnectorFleetWorkflow:
         Raises ``ApplicationError`` (the fleet fails) when the startup
         reconcile fails; nothing is left running then.
         """
+        self.v2 = workflow.patched("fleet-lifecycle-v2")
         if not inp.fleet_epoch:
             inp.fleet_epoch = workflow.info().first_execution_run_id
         forwarder = asyncio.ensure_future(self._forward_wakes())
@@ -368,7 +464,7 @@ class ConnectorFleetWorkflow:
                     lambda: self.requested is not None or self.stopping,
                     timeout=timedelta(seconds=inp.reconcile_interval_seconds),
                 )
-            if self.reconciles >= inp.reconciles_before_continue_as_new and not self.stopping:
+            if self._continue_as_new_due() and not self.stopping:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 inp.running = list(self.running.values())
                 inp.blocked, inp.degraded = self.blocked, self.degraded

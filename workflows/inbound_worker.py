@@ -33,8 +33,24 @@ ACTIVITY_RETRY = RetryPolicy(
 )
 
 
+CLAIM_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=5,
+)
+"""The claim's bounded retries (~15 s of backoff): a claim that keeps failing fails the
+worker, and the supervisor restarts it with backoff (visible as a restart). Local
+activities record only their result, so this policy is free to change (no patch)."""
+
+
 def worker_workflow_id(config: InboundWorkerConfig) -> str:
-    """``connector/<db>/<pack>/<install>/worker-<n>``: readable in the Web UI."""
+    """``connector/<db>/<pack>/<install>/<fp8>/worker-<n>``: ids of the previous build.
+
+    Kept for histories recorded before patch ``pool-lifecycle-v2``; a v2
+    supervisor names its workers ``<supervisor id>/r<incarnation>/worker-<n>``
+    (unique per pool generation).
+    """
     return (
         f"connector/{config.database_id}/{config.namespace}/{config.install_id}/"
         f"{config.fingerprint[:8]}/worker-{config.ordinal}"
@@ -93,7 +109,7 @@ class InboundWorkerWorkflow:
                 ConnectorActivities.claim,
                 _ClaimRequest(config, owner),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=ACTIVITY_RETRY,
+                retry_policy=CLAIM_RETRY,
             )
             if leases:
                 try:

@@ -108,6 +108,10 @@ class SupervisorConfig:
     generation: int = 0
     scheduler_owner_id: str = ""
     fencing_token: str = ""
+    # Carried across the supervisor's continue-as-new: which run of the pool
+    # this is (part of its workers' ids) and each worker's restart count.
+    incarnation: int = 0
+    restarts: list[int] = field(default_factory=list)
 
 
 @dataclass

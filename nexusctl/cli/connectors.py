@@ -86,7 +86,13 @@ def connectors_status() -> None:
         failures = ", ".join(f"{k}={v}" for k, v in st.failures_by_class.items()) if st else ""
         pool = running.get(row.install_id)
         workers = (
-            f"{len(pool.workers)} ({sum(w.restarts for w in pool.workers)} restarts)"
+            # only workers whose execution runs now: never a slot in backoff or starting
+            f"{_running(pool)} ({sum(w.restarts for w in pool.workers)} restarts)"
+            + (
+                f", {len(pool.workers) - _running(pool)} not running"
+                if _running(pool) < len(pool.workers)
+                else ""
+            )
             + (", draining" if pool.draining else "")
             if pool
             else "not running"
@@ -106,6 +112,11 @@ def connectors_status() -> None:
         fail(
             f"cannot query the connector fleet {fleet_workflow_id(settings.database_id)}: {problem}"
         )
+
+
+def _running(pool: SupervisorStatus) -> int:
+    """Workers of ``pool`` whose execution runs now (state ``running``)."""
+    return sum(w.state == "running" for w in pool.workers)
 
 
 def _print_fleet_problems(fleet: FleetStatus) -> None:
