@@ -162,10 +162,10 @@ async def test_reconcile_kinds_clear_the_blocked_map_and_status_shows_it(
         await fleet.result()
 
 
-async def test_periodic_reconcile_recovers_identity_first_then_wakes_unchanged_pools(
+async def test_periodic_reconcile_recovers_identity_first_then_checks_unchanged_pools(
     temporal_env, settings, tmp_path, monkeypatch
 ):
-    """Rule 1: the timer reconcile runs identity recovery, then keeps and wakes the pool."""
+    """Rule 1: the timer reconcile runs identity recovery, then checks and keeps the pool."""
     settings = connector_settings(settings)
     monkeypatch.setenv(CRED, "s3cret")
     await install(
@@ -185,9 +185,13 @@ async def test_periodic_reconcile_recovers_identity_first_then_wakes_unchanged_p
     # startup: orphaned pools drained, reconcile, then recovery
     assert types[:3] == ["connectors.drain_orphan_pools", plan, recover]
     periodic = types[3:]
-    assert len(periodic) >= 4 and periodic[0::2] == [recover] * len(periodic[0::2])
-    assert periodic[1::2] == [plan] * len(periodic[1::2])
-    assert "wake" in await signal_names(temporal_env.client, pool)
+    alive = "connectors.closed_pools"
+    # issue 10: a liveness check of the pools replaces the keep-wake (the seed rebuilds a
+    # pool whose handle is done); an unchanged pool is no longer woken through history
+    assert len(periodic) >= 6 and periodic[0::3] == [recover] * len(periodic[0::3])
+    assert periodic[1::3] == [alive] * len(periodic[1::3])
+    assert periodic[2::3] == [plan] * len(periodic[2::3])
+    assert "wake" not in await signal_names(temporal_env.client, pool)
 
 
 async def test_startup_failure_fails_the_fleet_and_starts_nothing(
