@@ -270,6 +270,7 @@ class ConnectorFleetWorkflow:
         pack.supervisor_workflow_id = supervisor_workflow_id(
             self.inp.database_id, pack, self.inp.pools_started
         )
+        config.pool_id = pack.supervisor_workflow_id
         try:
             await workflow.start_child_workflow(
                 PackSupervisorWorkflow.run,

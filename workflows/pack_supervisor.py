@@ -203,8 +203,14 @@ class PackSupervisorWorkflow:
         slot.state = "stopped"
 
     def _worker_id(self, ordinal: int) -> str:
-        """``<supervisor id>/r<incarnation>/worker-<n>``: unique per pool and per run."""
-        return f"{workflow.info().workflow_id}/r{self.config.incarnation}/worker-{ordinal}"
+        """``<supervisor id>/r<incarnation>/worker-<n>``: unique per pool and per run.
+
+        The supervisor id is ``config.pool_id`` (set by the fleet), so replaying a
+        recorded history under another id names the workers alike; a supervisor
+        started without one (tests, by hand) uses its own workflow id.
+        """
+        base = self.config.pool_id or workflow.info().workflow_id
+        return f"{base}/r{self.config.incarnation}/worker-{ordinal}"
 
     async def _supervise_v2(self, slot: _Slot) -> None:
         """Port of ``superviseWorker`` (claim-first): re-run a clean return, back off a failure."""

@@ -112,6 +112,9 @@ class SupervisorConfig:
     # this is (part of its workers' ids) and each worker's restart count.
     incarnation: int = 0
     restarts: list[int] = field(default_factory=list)
+    # The supervisor's workflow id as the fleet named it (the pool generation is part
+    # of it); worker ids derive from it, from the input, so a replay names them alike.
+    pool_id: str = ""
 
 
 @dataclass
