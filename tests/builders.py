@@ -523,3 +523,23 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
             count = conn.execute(text(f"SELECT COUNT(*) FROM {obj}")).scalar_one()
             expected = sum(1 for r in records if r["attributes"]["type"] == obj)
             assert count == expected, obj  # once: never duplicated
+
+
+# --- history measurement (the soak test and bench_history) -------------------------
+
+
+async def executions(client: Any, query: str) -> list[Any]:
+    """Every execution (any run, any status) the server lists for visibility ``query``."""
+    return [wf async for wf in client.list_workflows(query)]
+
+
+async def history_length(client: Any, workflow_id: str, run_id: str) -> int:
+    """Events in one run's history, as the server counts them (describe, not visibility)."""
+    desc = await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+    return int(desc.raw_description.workflow_execution_info.history_length)
+
+
+async def chain_events(client: Any, workflow_id: str) -> dict[str, int]:
+    """Events per run of every run of ``workflow_id`` (continue-as-new chains and reuses)."""
+    runs = await executions(client, f'WorkflowId = "{workflow_id}"')
+    return {wf.run_id: await history_length(client, wf.id, wf.run_id) for wf in runs}
