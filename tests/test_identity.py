@@ -430,7 +430,7 @@ async def test_no_wait_left_running_after_sync(temporal_env, settings):
     await sync_corpus_data_plans_shuffled(temporal_env, settings)
     query = f"WorkflowType = 'IdentityWait' AND NexusDatabase = '{settings.database_id}'"
     seen = 0
-    for _ in range(50):
+    for _ in range(300):  # waits close on their own wake; a loaded machine is slow
         running = 0
         seen = 0
         async for wf in temporal_env.client.list_workflows(query):
@@ -667,7 +667,13 @@ async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temp
         woken = await wake_identity_convergence_remote_identity(
             temporal_env.client, settings, pack.namespace, pack.namespace, "Account", "a1"
         )
-        assert woken == 1
+        if woken == 0:
+            # On a loaded machine the wait's own probe can find the new link
+            # first and wake the item itself; either way it must fail closed.
+            with engine.connect() as conn:
+                assert conn.execute(select(w.c.State)).scalar_one() != "blocked"
+        else:
+            assert woken == 1
         for _ in range(200):
             with engine.connect() as conn:
                 row = conn.execute(select(w.c.State, w.c.FailureClass)).one()
