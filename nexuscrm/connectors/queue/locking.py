@@ -22,7 +22,14 @@ from nexuscrm.connectors.queue.vocabulary import QueueLockTimeout
 from nexuscrm.db.dialect import dialect_name
 
 ENQUEUE_LOCK_NAME = "nexuscrm_connector_enqueue"
-LOCK_WAIT_SECONDS = 30
+LOCK_WAIT_SECONDS = 10
+"""Longest wait for a queue lock (``GET_LOCK`` on the MySQL family), in seconds.
+
+Clearly shorter than the claim local activity's 30 s start-to-close
+(``workflows.inbound_worker``): a claim that waits out the lock still has
+time to fail with :class:`QueueLockTimeout` (transient, retried with backoff)
+instead of being timed out by Temporal while its session still queues for
+the lock (and may get it after the attempt was abandoned)."""
 
 _SKIP_LOCKED_CACHE: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
