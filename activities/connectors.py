@@ -103,7 +103,14 @@ class ConnectorActivities:
     @activity.defn(name="connectors.claim")
     @fatal_is_final
     def claim(self, req: ClaimRequest) -> list[ClaimedLease]:
-        """Claim one batch for the worker; returns (work id, lease token) pairs only."""
+        """Claim one batch for the worker; returns (work id, lease token) pairs only.
+
+        Nothing (``[]``) once the worker shuts down: a batch claimed now could
+        not be processed here, and its leases would wait out their expiry.
+        Raises ``ClaimSchemaMissing`` (non-retryable) on a missing table/column.
+        """
+        if stop_requested():
+            return []
         c = req.config
         leases = queue.claim_leases(
             self.engine,

@@ -38,7 +38,7 @@ from tests.builders import (
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_S = 120
-EVENTS = 60
+EVENTS = 300
 
 
 async def test_sigterm_mid_batch_hands_the_batch_back_at_once(
@@ -50,7 +50,7 @@ async def test_sigterm_mid_batch_hands_the_batch_back_at_once(
     pack = next(r for r in list_connector_packs(engine) if r.namespace == "hook-pack")
     keys = [f"k{n:03d}" for n in range(EVENTS)]
     queue.enqueue(engine, hook_events(pack.install_id, keys))
-    hook.delay = 0.2  # per item: a batch of them is surely in flight at SIGTERM
+    hook.delay = 0.2  # per item: batches of them are surely in flight at SIGTERM
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,
@@ -59,8 +59,8 @@ async def test_sigterm_mid_batch_hands_the_batch_back_at_once(
         "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
         "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
         "NEXUS_WORKER_SHUTDOWN_SECONDS": "20",
-        # One inbound worker: no claim is in flight beside the batch at SIGTERM.
-        "NEXUSCRM_CONNECTOR_INBOUND_WORKERS_PER_PACK": "1",
+        # Several batches in flight at SIGTERM, and claims of idle workers beside them.
+        "NEXUSCRM_CONNECTOR_INBOUND_WORKERS_PER_PACK": "4",
         "NEXUS_LOG_FORMAT": "json",
         "NEXUS_LOG_LEVEL": "WARNING",
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -604,16 +605,25 @@ def test_claim_lock_wait_is_shorter_than_the_claim_timeout(
 ) -> None:
     # The claim local activity's start-to-close is 30 s (workflows.inbound_worker).
     assert wq.LOCK_WAIT_SECONDS <= 15
-    if engine.dialect.name != "mysql":
-        return  # SQLite: BEGIN IMMEDIATE, no named lock
     from nexuscrm.connectors.queue import locking
 
     monkeypatch.setattr(locking, "LOCK_WAIT_SECONDS", 1)
     wq.enqueue(engine, [req("a")])
-    with engine.connect() as holder:
+    if engine.dialect.name == "mysql":
+        holder = engine.connect()
         name = locking._claim_lock_name(PACK)
         assert holder.exec_driver_sql(f"SELECT GET_LOCK('{name}', 0)").scalar() == 1
-        with pytest.raises(wq.QueueLockTimeout, match="within 1 s"):
-            claim(engine)
+    else:  # another process's writer: BEGIN IMMEDIATE on a connection of its own
+        other = make_engine(str(engine.url))
+        holder = other.connect()
+        holder.exec_driver_sql("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    with pytest.raises(wq.QueueLockTimeout, match="within 1 s"):
+        claim(engine)
+    assert time.monotonic() - started < 5
+    if engine.dialect.name == "mysql":
         holder.exec_driver_sql(f"SELECT RELEASE_LOCK('{name}')")
+    else:
+        holder.rollback()
+    holder.close()
     assert len(claim(engine)) == 1

@@ -9,6 +9,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+SQLITE_BUSY_TIMEOUT_MS = 30000
+"""SQLite: how long a statement waits for another connection's lock (ms)."""
+
 
 def make_engine(
     url: str, *, pool_size: int | None = None, max_overflow: int | None = None
@@ -46,7 +49,7 @@ def make_engine(
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cur.close()
 
         return engine
