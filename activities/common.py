@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -53,26 +54,60 @@ def _shield() -> contextlib.AbstractContextManager[None]:
 class _Ticker:
     """Heartbeats every ``interval`` seconds from a side thread while a phase runs.
 
-    Every phase heartbeats, not only the ones with progress to report, so a
-    worker that dies in any phase is noticed within the heartbeat timeout
+    Every remote phase heartbeats, not only the ones with progress to report,
+    so a worker that dies in any phase is noticed within the heartbeat timeout
     instead of the phase's start-to-close limit. The ticker repeats the last
     details the phase reported, so resumable phases keep their progress.
+
+    Local activities get no ticker (:func:`_wants_ticker`): they have no
+    heartbeat timeout, the server never sees their heartbeats, and their
+    start-to-close (a few seconds) is their only bound.
+
+    A beat vouches that the attempt is alive, so the ticker must not vouch for
+    an attempt that stopped making progress: a phase that reports progress
+    (:func:`expect_progress`, then :func:`heartbeat` / :func:`progress` at each
+    step) gets ``stall_after`` seconds between two reports, after which the
+    ticker stops beating and the server times the attempt out one heartbeat
+    timeout later. Why a progress bound and not the flow deadline: the batch's
+    leases are extended only at item boundaries, so an item that hangs longer
+    than the lease has lost its leases whatever its deadline (another worker
+    reclaims the items); keeping its attempt alive past that would only make
+    the workflow wait on a batch that is no longer its own. ``process`` sets
+    ``stall_after`` to the lease length (:func:`expect_progress`). Phases that
+    report no progress (one long DDL statement) keep beating until they
+    return: their start-to-close bounds them.
     """
 
     def __init__(self, interval: float | None = None) -> None:
         self.interval = beat_interval() if interval is None else interval
         self.details: tuple[Any, ...] = ()
+        self.stall_after: float | None = None
+        self.last_progress = time.monotonic()
+        self.stalled = False
         self._stop = threading.Event()
         self._ctx = contextvars.copy_context()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def beat(self, *details: Any) -> None:
         self.details = details
+        self.last_progress = time.monotonic()
         activity.heartbeat(*details)
 
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval):
+                stall = self.stall_after
+                if stall is not None and time.monotonic() - self.last_progress > stall:
+                    # No progress for longer than the bound: stop vouching; the
+                    # server times the attempt out after its heartbeat timeout.
+                    self.stalled = True
+                    self._ctx.run(
+                        activity.logger.warning,
+                        "no progress for %.1f s (bound %.1f s): heartbeats stopped",
+                        time.monotonic() - self.last_progress,
+                        stall,
+                    )
+                    return
                 self._ctx.run(activity.heartbeat, *self.details)
         except BaseException:  # a cancellation raised into this thread ends the ticker only
             return
@@ -84,6 +119,13 @@ class _Ticker:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=1)
+
+
+def _wants_ticker() -> bool:
+    """True inside a remote activity (local ones have no heartbeat timeout)."""
+    if not activity.in_activity():
+        return False
+    return not activity.info().is_local
 
 
 _TICKER: contextvars.ContextVar[_Ticker | None] = contextvars.ContextVar("_TICKER", default=None)
@@ -123,18 +165,54 @@ def raise_if_cancelled() -> None:
         raise CancelledError("activity cancelled")
 
 
+def stop_requested() -> bool:
+    """True when the activity should stop starting new work: cancelled, or the
+    worker shuts down (``activity.is_worker_shutdown()``: SIGTERM, the start
+    of the worker's graceful shutdown timeout). False outside an activity."""
+    if not activity.in_activity():
+        return False
+    return activity.is_worker_shutdown() or activity.is_cancelled()
+
+
 def heartbeat(*details: Any) -> None:
     """Report progress from inside a phase (kept by the ticker between calls).
 
     Also the phase's cancellation point: raises ``CancelledError`` when the
-    activity was cancelled (:func:`raise_if_cancelled`).
+    activity was cancelled (:func:`raise_if_cancelled`). In a local activity
+    only the cancellation point (the server takes no heartbeats from them).
     """
     raise_if_cancelled()
     ticker = _TICKER.get()
-    if ticker is None:
-        activity.heartbeat(*details)
-    else:
+    if ticker is not None:
         ticker.beat(*details)
+    elif activity.in_activity() and not activity.info().is_local:
+        activity.heartbeat(*details)
+
+
+def progress() -> None:
+    """Note progress without a heartbeat (cheap: call it after every item).
+
+    Restarts the current ticker's stall clock (:func:`expect_progress`); the
+    ticker's next beat carries the news. Nothing outside a ticked activity.
+    """
+    ticker = _TICKER.get()
+    if ticker is not None:
+        ticker.last_progress = time.monotonic()
+
+
+def expect_progress(within_seconds: float) -> None:
+    """From now on, keep heartbeating only while progress comes every ``within_seconds``.
+
+    Progress is :func:`heartbeat` or :func:`progress`. When none came for
+    longer than ``within_seconds``, the ticker stops beating, so the server
+    times the attempt out (one heartbeat timeout later) instead of a hung
+    step keeping it alive until its start-to-close. See :class:`_Ticker` for
+    the choice of bound. Nothing outside a ticked activity.
+    """
+    ticker = _TICKER.get()
+    if ticker is not None:
+        ticker.last_progress = time.monotonic()
+        ticker.stall_after = within_seconds
 
 
 def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
@@ -144,8 +222,9 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     SDK's cancel exception is never raised into the middle of a database
     call (that corrupts the pooled PyMySQL connection); cancellation takes
     effect at :func:`heartbeat` / :func:`raise_if_cancelled`, or when the body
-    returns. A :class:`_Ticker` heartbeats every third of the heartbeat
-    timeout meanwhile.
+    returns. In a remote activity a :class:`_Ticker` heartbeats every third
+    of the heartbeat timeout meanwhile (none in a local activity; a phase
+    can bound it by progress, :func:`expect_progress`).
 
     Domain ``FatalError``s become non-retryable ``ApplicationError``s whose
     type is the exception's class name (``ManifestError``, ``LeaseLostError``
@@ -157,10 +236,10 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        ticker = _Ticker()
+        ticker = _Ticker() if _wants_ticker() else None
         token = _TICKER.set(ticker)
         try:
-            with _shield(), ticker:
+            with _shield(), ticker or contextlib.nullcontext():
                 return fn(*args, **kwargs)
         except CancelledError:
             raise

@@ -15,7 +15,13 @@ from typing import Any
 from sqlalchemy import Engine
 from temporalio import activity
 
-from activities.common import fatal_is_final, raise_if_cancelled
+from activities.common import (
+    expect_progress,
+    fatal_is_final,
+    progress,
+    raise_if_cancelled,
+    stop_requested,
+)
 from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.processor import Processor
@@ -97,7 +103,14 @@ class ConnectorActivities:
     @activity.defn(name="connectors.claim")
     @fatal_is_final
     def claim(self, req: ClaimRequest) -> list[ClaimedLease]:
-        """Claim one batch for the worker; returns (work id, lease token) pairs only."""
+        """Claim one batch for the worker; returns (work id, lease token) pairs only.
+
+        Nothing (``[]``) once the worker shuts down: a batch claimed now could
+        not be processed here, and its leases would wait out their expiry.
+        Raises ``ClaimSchemaMissing`` (non-retryable) on a missing table/column.
+        """
+        if stop_requested():
+            return []
         c = req.config
         leases = queue.claim_leases(
             self.engine,
@@ -116,19 +129,27 @@ class ConnectorActivities:
     @activity.defn(name="connectors.process")
     @fatal_is_final
     def process(self, req: ProcessRequest) -> BatchResult:
-        """Load the claimed items and run them; heartbeat and extend leases as it goes."""
+        """Load the claimed items and run them; heartbeat and extend leases as it goes.
+
+        Worker shutdown (or cancellation): no further item starts; the leases
+        of the items not started are handed back at once (``released``), so
+        they are claimed again now, not when the lease expires. The batch must
+        reach an item boundary once per lease, else the heartbeats stop
+        (``expect_progress``) and the server times the attempt out.
+        """
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
         items = queue.load_claimed(self.engine, leases)
         last_extend = last_beat = time.monotonic()
         lease_s = req.config.lease_seconds
         activity.heartbeat()
+        expect_progress(lease_s)
 
         def beat() -> None:
             # Called after every item; the heartbeat timeout is >= 5 s, so one
             # heartbeat a second is plenty (each call costs a trip through the
             # SDK's event loop, which batches of cheap items felt).
             nonlocal last_extend, last_beat
-            raise_if_cancelled()  # between items, never inside a transaction
+            progress()
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_EVERY_S:
                 activity.heartbeat()
@@ -137,7 +158,11 @@ class ConnectorActivities:
                 queue.extend_leases(self.engine, leases, lease_s)
                 last_extend = time.monotonic()
 
-        return self.processor.process(items, on_item=beat).result()
+        outcome = self.processor.process(items, on_item=beat, should_stop=stop_requested)
+        if outcome.released:
+            log.warning("batch cut short; leases handed back", released=outcome.released)
+        raise_if_cancelled()  # the finished items are committed, the rest handed back
+        return outcome.result()
 
     @activity.defn(name="connectors.drain_orphan_pools")
     async def drain_orphan_pools(self, database_id: str) -> list[str]:

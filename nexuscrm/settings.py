@@ -68,6 +68,15 @@ class Settings(BaseSettings):
       connector_role [NEXUS_CONNECTOR_ROLE]: ``local`` (run flows here, default) or
         ``handoff`` (write Runtime command rows for a separate runtime service;
         needs NEXUS_SERVING_SELECTION, see ``nexuscrm.connectors.handoff``).
+      worker_shutdown_seconds [NEXUS_WORKER_SHUTDOWN_SECONDS]: the workers'
+        ``graceful_shutdown_timeout``: after SIGTERM, activities in flight get
+        this long to finish (a batch stops starting items and hands the rest
+        back at once) before they are cancelled; default 30.
+      connector_pack_allowance [NEXUS_CONNECTOR_PACK_ALLOWANCE]: packs a
+        connector worker is sized for at least (more if more are installed
+        when it starts); default 4. See ``nexuscrm.connectors.sizing``.
+      connector_max_activity_slots [NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS]: cap on
+        a connector worker's inbound-worker slots of each kind; default 128.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
     """
 
@@ -82,6 +91,9 @@ class Settings(BaseSettings):
     connector_task_queue: str = ""
     identity_task_queue: str = ""
     identity_probes_per_second: float = 20.0
+    worker_shutdown_seconds: float = 30.0
+    connector_pack_allowance: int = 4
+    connector_max_activity_slots: int = 128
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"
@@ -111,6 +123,20 @@ class Settings(BaseSettings):
                 f"NEXUS_IDENTITY_PROBES_PER_SECOND {v!r} must be a positive number "
                 "of probes per second"
             )
+        return v
+
+    @field_validator("worker_shutdown_seconds")
+    @classmethod
+    def _shutdown_seconds(cls, v: float) -> float:
+        if not 0 <= v < float("inf"):
+            raise ValueError(f"NEXUS_WORKER_SHUTDOWN_SECONDS {v!r} must be >= 0 seconds")
+        return v
+
+    @field_validator("connector_pack_allowance", "connector_max_activity_slots")
+    @classmethod
+    def _positive_count(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"connector worker sizing {v!r} must be a positive count")
         return v
 
     @field_validator("log_format")

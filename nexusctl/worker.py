@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -14,6 +16,8 @@ from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
 from activities.identity import IdentityActivities
 from nexuscrm.connectors.knobs import ConnectorKnobs
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.connectors.sizing import WorkerSizing, worker_sizing
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
@@ -23,12 +27,21 @@ from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.fleet import CONNECTOR_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
+IDENTITY_THREADS = 4
+"""Threads of the identity worker (:func:`build_identity_worker`), sharing the engine."""
+
 
 class WorkerGroup:
-    """Several ``Worker``s run and stopped together (``async with``)."""
+    """Several ``Worker``s run and stopped together (``async with``).
 
-    def __init__(self, *workers: Worker) -> None:
+    Stopping shuts them all down at once (each gets its graceful shutdown
+    timeout side by side, not one after the other). ``sizing``: the connector
+    worker's :class:`WorkerSizing` when the group holds one.
+    """
+
+    def __init__(self, *workers: Worker, sizing: WorkerSizing | None = None) -> None:
         self.workers = workers
+        self.sizing = sizing
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> WorkerGroup:
@@ -37,7 +50,13 @@ class WorkerGroup:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        # Worker.shutdown is safe to call again: the stack's exits then return at once.
+        await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
         await self._stack.aclose()
+
+
+def _shutdown_timeout(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.worker_shutdown_seconds)
 
 
 def build_identity_worker(client: Client, settings: Settings, engine: Engine) -> Worker:
@@ -56,12 +75,34 @@ def build_identity_worker(client: Client, settings: Settings, engine: Engine) ->
         task_queue=settings.identity_task_queue,
         workflows=IDENTITY_WORKFLOWS,
         activities=identity.wait_activities(),
-        activity_executor=ThreadPoolExecutor(max_workers=4),
+        activity_executor=ThreadPoolExecutor(max_workers=IDENTITY_THREADS),
+        graceful_shutdown_timeout=_shutdown_timeout(settings),
         # Probes are single-flight per process (see IdentityActivities): more
         # slots would only park probes behind the semaphore.
         max_concurrent_activities=2,
         max_concurrent_local_activities=8,
         max_task_queue_activities_per_second=settings.identity_probes_per_second,
+    )
+
+
+def installed_pack_count(engine: Engine) -> int:
+    """Connector packs installed in the database now; 0 when it cannot be read
+    (not migrated yet, database down: the worker then sizes for the allowance)."""
+    try:
+        return len(list_connector_packs(engine))
+    except SQLAlchemyError as exc:
+        log.warning("installed connector packs not readable; sizing for the allowance", error=exc)
+        return 0
+
+
+def connector_sizing(settings: Settings, config: ConnectorKnobs, packs: int) -> WorkerSizing:
+    """:func:`worker_sizing` for ``max(packs, settings.connector_pack_allowance)`` packs
+    of ``config.workers_per_pack`` workers, capped at ``connector_max_activity_slots``."""
+    return worker_sizing(
+        config.workers_per_pack,
+        max(packs, settings.connector_pack_allowance),
+        max_slots=settings.connector_max_activity_slots,
+        extra_threads=IDENTITY_THREADS,
     )
 
 
@@ -72,9 +113,18 @@ def build_connector_worker(
     and for its identity-convergence waits (:func:`build_identity_worker`).
 
     Knobs come from the ``NEXUSCRM_CONNECTOR_*`` environment (read once here).
+    Slots, threads and the database pool follow :func:`connector_sizing`
+    (installed packs read once, at start); ``graceful_shutdown_timeout`` is
+    ``NEXUS_WORKER_SHUTDOWN_SECONDS``.
     """
-    engine = make_engine(settings.database_url)
-    acts = ConnectorActivities(engine, settings, ConnectorKnobs.from_env())
+    config = ConnectorKnobs.from_env()
+    probe = make_engine(settings.database_url)
+    sizing = connector_sizing(settings, config, installed_pack_count(probe))
+    probe.dispose()
+    engine = make_engine(
+        settings.database_url, pool_size=sizing.pool_size, max_overflow=sizing.max_overflow
+    )
+    acts = ConnectorActivities(engine, settings, config)
     identity = IdentityActivities(engine, settings)
     connectors = Worker(
         with_bounded_failures(client),
@@ -82,11 +132,12 @@ def build_connector_worker(
         workflows=CONNECTOR_WORKFLOWS,
         # notify and recover start and signal waits from the connector queue.
         activities=[*acts.all(), identity.notify, identity.recover],
-        activity_executor=ThreadPoolExecutor(max_workers=16),
-        max_concurrent_activities=16,
-        max_concurrent_local_activities=16,
+        activity_executor=ThreadPoolExecutor(max_workers=sizing.threads),
+        max_concurrent_activities=sizing.activities,
+        max_concurrent_local_activities=sizing.local_activities,
+        graceful_shutdown_timeout=_shutdown_timeout(settings),
     )
-    return WorkerGroup(connectors, build_identity_worker(client, settings, engine))
+    return WorkerGroup(connectors, build_identity_worker(client, settings, engine), sizing=sizing)
 
 
 def build_worker(client: Client, settings: Settings, task_queue: str | None = None) -> Worker:
@@ -103,6 +154,7 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
         activities=acts.all(),
         activity_executor=ThreadPoolExecutor(max_workers=8),
         max_concurrent_activities=8,
+        graceful_shutdown_timeout=_shutdown_timeout(settings),
     )
 
 
@@ -124,6 +176,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     await ensure_search_attributes(client)
     worker = build_worker(client, settings)
     connector_worker = build_connector_worker(client, settings)
+    sizing = connector_worker.sizing
+    assert sizing is not None
     log.info(
         "worker started",
         temporal=settings.temporal_address,
@@ -134,8 +188,18 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         connector_role=settings.connector_role,
         database=redacted(settings.database_url),
         database_id=settings.database_id,
+        packs=sizing.packs,
+        workers_per_pack=sizing.workers_per_pack,
+        activity_slots=sizing.activities,
+        local_activity_slots=sizing.local_activities,
+        activity_threads=sizing.threads,
+        db_pool_size=sizing.pool_size,
+        db_max_overflow=sizing.max_overflow,
+        capped=sizing.capped,
+        shutdown_seconds=settings.worker_shutdown_seconds,
     )
-    async with worker, connector_worker:
+    group = WorkerGroup(worker, *connector_worker.workers)
+    async with group:
         if stop is None:
             await asyncio.Event().wait()
         else:

@@ -27,7 +27,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities.common import beat_interval, fatal_is_final, heartbeat
+from activities import common
+from activities.common import (
+    beat_interval,
+    expect_progress,
+    fatal_is_final,
+    heartbeat,
+    progress,
+)
 from nexuscrm.db.engine import make_engine
 from nexusctl.failures import MAX_MESSAGE_CHARS, with_bounded_failures
 
@@ -82,6 +89,20 @@ def test_ticker_beats_within_the_heartbeat_timeout():
     assert ActivityEnvironment().run(beat_interval) == 5.0  # no heartbeat timeout
 
 
+@fatal_is_final
+def _has_ticker() -> bool:
+    heartbeat()  # a cancellation point only, in a local activity
+    return common._TICKER.get() is not None
+
+
+def test_no_ticker_for_local_activities():
+    local = ActivityEnvironment()
+    local.info = dataclasses.replace(local.info, is_local=True)
+    assert local.run(_has_ticker) is False
+    assert ActivityEnvironment().run(_has_ticker) is True
+    assert _has_ticker() is False  # called directly, outside an activity
+
+
 # --- against the dev server ----------------------------------------------------
 
 
@@ -89,6 +110,18 @@ def test_ticker_beats_within_the_heartbeat_timeout():
 @fatal_is_final
 def slow_phase(seconds: float) -> str:
     """A phase that never heartbeats itself and outlives its heartbeat timeout."""
+    time.sleep(seconds)
+    return "done"
+
+
+@activity.defn(name="test.hung_item")
+@fatal_is_final
+def hung_item(seconds: float) -> str:
+    """A batch that makes progress twice, then hangs ``seconds`` on one item."""
+    expect_progress(1.5)
+    for _ in range(2):
+        time.sleep(0.2)
+        progress()
     time.sleep(seconds)
     return "done"
 
@@ -122,7 +155,7 @@ async def _run(temporal_env, name: str, arg: float) -> str:
         client,
         task_queue=queue,
         workflows=[OnePhase],
-        activities=[slow_phase, huge_error],
+        activities=[slow_phase, hung_item, huge_error],
         activity_executor=ThreadPoolExecutor(2),
     ):
         return await temporal_env.client.execute_workflow(
@@ -159,3 +192,31 @@ async def test_failure_larger_than_the_server_limit_arrives_bounded(temporal_env
     assert original.message.startswith("INSERT INTO t VALUES (1, 'x'),")
     assert original.message.endswith("more characters]")
     assert len(original.message) < 2 * MAX_MESSAGE_CHARS
+
+
+async def test_ticker_stops_when_an_item_hangs(temporal_env):
+    """A batch that stops making progress (no item boundary for longer than its
+    1.5 s bound) is timed out by the server on its heartbeat timeout (1 s), not
+    kept alive by the ticker until the item returns (8 s) or its start-to-close."""
+    queue = f"fail-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        with_bounded_failures(temporal_env.client),
+        task_queue=queue,
+        workflows=[OnePhase],
+        activities=[hung_item],
+        activity_executor=ThreadPoolExecutor(2),
+    ):
+        start = time.monotonic()
+        with pytest.raises(WorkflowFailureError) as info:
+            await temporal_env.client.execute_workflow(
+                OnePhase.run,
+                args=["test.hung_item", 8.0],
+                id=f"wf-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+                execution_timeout=timedelta(seconds=90),
+            )
+        failed_after = time.monotonic() - start
+    cause = info.value.cause
+    assert isinstance(cause, ActivityError)
+    assert "heartbeat" in repr(cause.cause).lower(), repr(cause.cause)
+    assert failed_after < 6.0, failed_after

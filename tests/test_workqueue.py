@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +17,7 @@ from nexuscrm.connectors import queue as wq
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
-from nexuscrm.errors import NexusError
+from nexuscrm.errors import FatalError, NexusError
 from tests.builders import event
 
 PACK = "pack-1"
@@ -557,3 +559,71 @@ def test_load_claimed_by_lease(engine: Engine) -> None:
     leases.append(("wi-missing", "x"))
     assert wq.load_claimed(engine, leases) == [c]
     assert wq.load_claimed(engine, []) == []
+
+
+# --- shutdown hand-back, claim errors -----------------------------------------
+
+
+def test_release_leases_hands_items_back_at_once(engine: Engine) -> None:
+    wq.enqueue(engine, [req("a"), req("b"), req("c")])
+    now = utcnow()
+    a, b, c = claim(engine, now, lease_seconds=3600)
+    succeed(engine, a, now)
+    stale_b = dataclasses.replace(b, lease_token="stale")
+    # a is finished and b's token is not ours: only c is handed back
+    assert wq.release_leases(engine, [a, stale_b, c], now=now) == [c.work_id]
+    row = items(engine)[c.work_id]
+    assert (row["State"], row["LeaseToken"], row["LeaseUntil"], row["LeaseOwner"]) == (
+        "pending",
+        None,
+        None,
+        None,
+    )
+    assert row["FailureCount"] == 0 and row["Attempt"] == 1
+    assert attempts(engine, c.work_id) == [(1, "abandoned", "worker-shutdown", True)]
+    # claimable at once (not after the hour-long lease), as the next attempt
+    (again,) = claim(engine, now, lease_owner="w2")
+    assert again.work_id == c.work_id and again.attempt == 2
+    succeed(engine, again, now)
+    assert [x[:2] for x in attempts(engine, c.work_id)] == [(1, "abandoned"), (2, "succeeded")]
+    assert wq.release_leases(engine, [b], now=now) == [b.work_id]
+    assert wq.release_leases(engine, [b], now=now) == []  # already handed back
+    assert wq.release_leases(engine, []) == []
+
+
+def test_claim_on_a_missing_column_is_permanent(engine: Engine) -> None:
+    wq.enqueue(engine, [req("a")])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE _System_ConnectorWorkItem DROP COLUMN LeaseOwner")
+    with pytest.raises(wq.ClaimSchemaMissing, match="schema missing") as err:
+        claim(engine)
+    assert isinstance(err.value, FatalError)  # mapped to a non-retryable failure
+
+
+def test_claim_lock_wait_is_shorter_than_the_claim_timeout(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim local activity's start-to-close is 30 s (workflows.inbound_worker).
+    assert wq.LOCK_WAIT_SECONDS <= 15
+    from nexuscrm.connectors.queue import locking
+
+    monkeypatch.setattr(locking, "LOCK_WAIT_SECONDS", 1)
+    wq.enqueue(engine, [req("a")])
+    if engine.dialect.name == "mysql":
+        holder = engine.connect()
+        name = locking._claim_lock_name(PACK)
+        assert holder.exec_driver_sql(f"SELECT GET_LOCK('{name}', 0)").scalar() == 1
+    else:  # another process's writer: BEGIN IMMEDIATE on a connection of its own
+        other = make_engine(str(engine.url))
+        holder = other.connect()
+        holder.exec_driver_sql("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    with pytest.raises(wq.QueueLockTimeout, match="within 1 s"):
+        claim(engine)
+    assert time.monotonic() - started < 5
+    if engine.dialect.name == "mysql":
+        holder.exec_driver_sql(f"SELECT RELEASE_LOCK('{name}')")
+    else:
+        holder.rollback()
+    holder.close()
+    assert len(claim(engine)) == 1

@@ -117,6 +117,7 @@ class BatchOutcome:
     failure_classes: dict[str, int] = field(default_factory=dict)
     blocked: list[BlockedWait] = field(default_factory=list)
     wake_keys: set[str] = field(default_factory=set)
+    released: int = 0
 
     def result(self) -> BatchResult:
         """The ``BatchResult`` the process activity returns (``wake_keys`` sorted)."""
@@ -127,6 +128,7 @@ class BatchOutcome:
             self.lost,
             blocked=list(self.blocked),
             wake_keys=sorted(self.wake_keys),
+            released=self.released,
         )
 
 
@@ -168,8 +170,15 @@ class Processor:
         items: Sequence[queue.ClaimedItem],
         *,
         on_item: Callable[[], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> BatchOutcome:
         """Process ``items``; ``on_item`` runs after each (the heartbeat).
+
+        ``should_stop`` is asked before each chunk and each single item: once
+        it says yes (the worker shuts down), no further item starts and the
+        leases of the items not started are handed back at once
+        (``queue.release_leases``; counted in ``released``), so another
+        worker claims them now rather than when their leases expire.
 
         Items of a batch are heads of distinct lanes, so they are independent:
         the ``upsert_record`` items (and items that fail before any flow runs)
@@ -194,6 +203,11 @@ class Processor:
             else:
                 batched.append((item, plan))
         for start in range(0, len(batched), CHUNK):
+            if should_stop is not None and should_stop():
+                rest = [i for i, _p in batched[start:]] + single
+                outcome.released = len(queue.release_leases(self.engine, rest))
+                single = []
+                break
             chunk = batched[start : start + CHUNK]
             if not self._flow_chunk(chunk, cat, outcome):
                 # Something in the chunk raised a database error (or lost a
@@ -208,7 +222,10 @@ class Processor:
             if on_item is not None:
                 for _ in chunk:
                     on_item()
-        for item in single:
+        for k, item in enumerate(single):
+            if should_stop is not None and should_stop():
+                outcome.released = len(queue.release_leases(self.engine, single[k:]))
+                break
             self._one_guarded(item, cat, outcome)
             if on_item is not None:
                 on_item()

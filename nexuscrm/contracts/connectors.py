@@ -73,7 +73,8 @@ class BatchResult:
 
     blocked: items blocked on a dependency (their waits are registered after
     commit); wake_keys: key hashes of waits whose remote link this batch
-    finalized (signalled ``wake`` after commit).
+    finalized (signalled ``wake`` after commit); released: items not started
+    because the worker shut down, their leases handed back at once.
     """
 
     succeeded: int = 0
@@ -82,6 +83,7 @@ class BatchResult:
     lost: int = 0
     blocked: list[BlockedWait] = field(default_factory=list)
     wake_keys: list[str] = field(default_factory=list)
+    released: int = 0
 
 
 @dataclass

@@ -184,7 +184,10 @@ async def _warn_competing_workers(settings: Settings) -> None:
 async def _serve(
     settings: Settings, server: subprocess.Popen[bytes] | None, *, reused_server: bool = False
 ) -> None:
-    """Run the worker until Ctrl-C / SIGTERM, then stop it (10 s grace, then at once).
+    """Run the worker until Ctrl-C / SIGTERM, then stop it gracefully: activities
+    in flight get ``NEXUS_WORKER_SHUTDOWN_SECONDS`` (a batch hands back what it
+    has not started), then the process exits at once if the worker has not
+    stopped ``SHUTDOWN_GRACE_S`` after that.
 
     ``server``: the dev server this process started (stopped too on a hard
     exit). ``reused_server``: ``dev`` found a server it did not start.
@@ -208,9 +211,10 @@ async def _serve(
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if not worker_task.done():
                 console.print("stopping the worker (Ctrl-C again to stop at once)")
-                done, _ = await asyncio.wait({worker_task}, timeout=SHUTDOWN_GRACE_S)
+                grace = settings.worker_shutdown_seconds + SHUTDOWN_GRACE_S
+                done, _ = await asyncio.wait({worker_task}, timeout=grace)
                 if not done:
-                    _hard_exit(server, f"the worker did not stop within {SHUTDOWN_GRACE_S:.0f} s")
+                    _hard_exit(server, f"the worker did not stop within {grace:.0f} s")
         finally:
             stopping.cancel()
         worker_task.result()

@@ -67,7 +67,8 @@ Modules (import from the package: it re-exports every public name)::
     enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
     claiming    claim, claim_leases, load_claimed
     scan        the claim's candidate scan (lane heads, target lanes, budget)
-    leases      extend_leases, hold_leases, finish_*, retry_backoff, attempt rows
+    leases      extend_leases, hold_leases, release_leases, finish_*, retry_backoff,
+                attempt rows
     parking     identity-convergence blocks: block_item, wake_*, expire, recovery
     stats       pack_queue_stats, processing_pressure
 """
@@ -81,6 +82,7 @@ from nexuscrm.connectors.queue.leases import (
     finish_succeeded,
     finish_succeeded_many,
     hold_leases,
+    release_leases,
     retry_backoff,
 )
 from nexuscrm.connectors.queue.locking import (
@@ -133,6 +135,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     WORK_ID_PREFIX,
     WORK_TYPE_CONNECTOR_EVENT,
     WORK_TYPE_WORKFLOW_ACTION_APPLY,
+    ClaimSchemaMissing,
     InvalidWorkRequest,
     LeaseLost,
     QueueLockTimeout,
@@ -165,6 +168,7 @@ __all__ = [
     "WORK_TYPE_CONNECTOR_EVENT",
     "WORK_TYPE_WORKFLOW_ACTION_APPLY",
     "BlockedRow",
+    "ClaimSchemaMissing",
     "ClaimSpec",
     "ClaimedItem",
     "EnqueueRequest",
@@ -195,6 +199,7 @@ __all__ = [
     "normalize_queue_class",
     "pack_queue_stats",
     "processing_pressure",
+    "release_leases",
     "replay",
     "retry_backoff",
     "terminalize_invalid",

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm.connectors.queue.leases import _attempt_row, _insert_attempts
 from nexuscrm.connectors.queue.locking import _claim_lock_name, _serialized, _skip_locked
@@ -22,6 +23,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     OUTCOME_ABANDONED,
     STATE_PROCESSING,
+    ClaimSchemaMissing,
     _case,
     _e,
     _lease_until,
@@ -30,6 +32,8 @@ from nexuscrm.connectors.queue.vocabulary import (
     _parked,
     _w,
 )
+from nexuscrm.cutover import schema_missing
+from nexuscrm.db.dialect import describe_error
 
 
 def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
@@ -61,7 +65,9 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
     claimed items in claim order (possibly empty).
 
     Raises ``ValueError`` for a non-positive ``lease_seconds``,
-    ``QueueLockTimeout`` when the pack's claim lock is busy for 30 s.
+    ``QueueLockTimeout`` when the pack's claim lock is busy for
+    ``LOCK_WAIT_SECONDS`` (10 s), ``ClaimSchemaMissing`` (a ``FatalError``)
+    when a queue table or column is missing.
     """
     return _claim(engine, spec, full=True)
 
@@ -77,7 +83,22 @@ def claim_leases(engine: Engine, spec: ClaimSpec) -> list[tuple[str, str]]:
 
 
 def _claim(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
-    """:func:`claim` (``full``: the claimed items) or :func:`claim_leases` (the pairs)."""
+    """:func:`claim` (``full``: the claimed items) or :func:`claim_leases` (the pairs).
+
+    A missing table or column raises ``ClaimSchemaMissing`` (permanent).
+    """
+    try:
+        return _claim_locked(engine, spec, full=full)
+    except SQLAlchemyError as exc:
+        if schema_missing(exc):
+            raise ClaimSchemaMissing(
+                f"work queue claim: schema missing ({describe_error(exc)}); run `nexusctl migrate`"
+            ) from exc
+        raise
+
+
+def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
+    """The claim under the pack's claim lock (see :func:`claim`)."""
     when = _now(spec.now)
     until = _lease_until(when, spec.lease_seconds)
     if spec.batch_size <= 0 or spec.max_processing_rows <= 0:

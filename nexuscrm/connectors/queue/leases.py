@@ -13,10 +13,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
+from nexuscrm.connectors.queue.locking import write_transaction
 from nexuscrm.connectors.queue.shapes import ClaimedItem
 from nexuscrm.connectors.queue.vocabulary import (
     _CODE_LIMIT,
     _SUMMARY_LIMIT,
+    OUTCOME_ABANDONED,
     OUTCOME_FAILED,
     OUTCOME_RETRY,
     OUTCOME_SUCCEEDED,
@@ -107,6 +109,77 @@ def extend_leases(
             if res.rowcount != 1:
                 lost.append(work_id)
     return lost
+
+
+RELEASED_CAUSE = "worker-shutdown"
+"""``CauseCode`` of the attempt row :func:`release_leases` writes."""
+
+
+def release_leases(
+    engine: Engine,
+    items: Sequence[ClaimedItem],
+    *,
+    cause_code: str = RELEASED_CAUSE,
+    now: datetime | None = None,
+) -> list[str]:
+    """Hand the leases of ``items`` back at once: claimable again now, not at lease expiry.
+
+    For a worker that stops (shutdown) with claimed items it has not started.
+    One transaction; per item a compare-and-set on (WorkId, LeaseToken,
+    State='processing') sets ``State='pending'`` and clears ``LeaseOwner``,
+    ``LeaseToken`` and ``LeaseUntil`` (``RunAfter`` is kept: NULL or past, so
+    the next claim takes the item at once). The attempt is recorded the way
+    the stale reclaim records a dead worker's (``claiming._claim``): an
+    ``OutcomeState='abandoned'``, ``Retriable`` attempt row with
+    ``CauseCode=cause_code``; ``FailureCount`` and the failure fields are not
+    touched (an abandoned attempt is not a failure). ``Attempt`` keeps the
+    claim's count, as after a reclaim (the attempt rows are keyed by it).
+
+    Returns the work ids released, in input order; an item whose lease is
+    already lost (token changed, finished) is skipped. No seed function: the
+    Go runtime lets the leases expire.
+    """
+    if not items:
+        return []
+    when = _now(now)
+    released: list[ClaimedItem] = []
+    with write_transaction(engine) as conn:
+        for item in items:
+            res = conn.execute(
+                _w.update()
+                .where(
+                    _w.c.WorkId == item.work_id,
+                    _w.c.LeaseToken == item.lease_token,
+                    _w.c.State == STATE_PROCESSING,
+                )
+                .values(
+                    State=STATE_PENDING,
+                    LeaseOwner=None,
+                    LeaseToken=None,
+                    LeaseUntil=None,
+                    LastModifiedDate=when,
+                )
+            )
+            if res.rowcount == 1:
+                released.append(item)
+        if released:
+            _insert_attempts(
+                conn,
+                [
+                    _attempt_row(
+                        i.work_id,
+                        i.attempt,
+                        i.event_id,
+                        OUTCOME_ABANDONED,
+                        when,
+                        failure_class=cause_code,
+                        retriable=True,
+                    )
+                    for i in released
+                ],
+                ignore_existing=True,
+            )
+    return [i.work_id for i in released]
 
 
 def hold_leases(conn: Connection, items: Sequence[ClaimedItem]) -> list[ClaimedItem]:

@@ -12,17 +12,27 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 from nexuscrm.connectors.queue.vocabulary import QueueLockTimeout
 from nexuscrm.db.dialect import dialect_name
+from nexuscrm.db.engine import SQLITE_BUSY_TIMEOUT_MS
 
 ENQUEUE_LOCK_NAME = "nexuscrm_connector_enqueue"
-LOCK_WAIT_SECONDS = 30
+LOCK_WAIT_SECONDS = 10
+"""Longest wait for a queue lock (``GET_LOCK`` on the MySQL family), in seconds.
+
+Clearly shorter than the claim local activity's 30 s start-to-close
+(``workflows.inbound_worker``): a claim that waits out the lock still has
+time to fail with :class:`QueueLockTimeout` (transient, retried with backoff)
+instead of being timed out by Temporal while its session still queues for
+the lock (and may get it after the attempt was abandoned)."""
 
 _SKIP_LOCKED_CACHE: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
@@ -55,7 +65,7 @@ _SQLITE_WRITERS_GUARD = threading.Lock()
 
 
 @contextmanager
-def _sqlite_writer(engine: Engine) -> Iterator[None]:
+def _sqlite_writer(engine: Engine, timeout: float | None = None) -> Iterator[None]:
     """SQLite: hold this process's writer lock of the database file; else nothing.
 
     SQLite admits one writer; a writer that finds the database locked sleeps
@@ -65,6 +75,9 @@ def _sqlite_writer(engine: Engine) -> Iterator[None]:
     process (claims, enqueues, replays and batch finishes) now queue on an
     in-process lock first and start the moment the previous one commits;
     other processes still meet ``BEGIN IMMEDIATE`` and the busy timeout.
+
+    ``timeout``: longest wait for the in-process lock in seconds (``None``:
+    no limit); raises ``QueueLockTimeout`` when it passes.
     """
     url = engine.url
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
@@ -73,8 +86,12 @@ def _sqlite_writer(engine: Engine) -> Iterator[None]:
     key = os.path.realpath(str(url.database))
     with _SQLITE_WRITERS_GUARD:
         lock = _SQLITE_WRITERS.setdefault(key, threading.Lock())
-    with lock:
+    if not lock.acquire(timeout=-1 if timeout is None else timeout):
+        raise QueueLockTimeout(f"SQLite writer lock not granted within {timeout:g} s")
+    try:
         yield
+    finally:
+        lock.release()
 
 
 @contextmanager
@@ -85,9 +102,12 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
     moot). MySQL family: ``GET_LOCK(lock_name)`` in its own short transaction,
     then a fresh transaction (so its snapshot follows the previous holder's
     commit), ``RELEASE_LOCK`` after commit or rollback. Raises
-    ``QueueLockTimeout`` when the lock is not granted in ``LOCK_WAIT_SECONDS``.
+    ``QueueLockTimeout`` when the lock is not granted in ``LOCK_WAIT_SECONDS``
+    (SQLite: the in-process writer lock, then ``BEGIN IMMEDIATE`` under a
+    busy timeout of the time left, instead of the engine's 30 s).
     """
-    with _sqlite_writer(engine), engine.connect() as conn:
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    with _sqlite_writer(engine, LOCK_WAIT_SECONDS), engine.connect() as conn:
         mysql = dialect_name(conn) == "mysql"
         if mysql:
             got = conn.execute(
@@ -99,7 +119,7 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
                     f"queue lock {lock_name!r} not granted within {LOCK_WAIT_SECONDS} s"
                 )
         else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin_immediate(conn, deadline)
         try:
             yield conn
             conn.commit()
@@ -113,6 +133,27 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
                     conn.commit()
                 except Exception:  # a dead session has released the lock already
                     conn.invalidate()
+
+
+def _begin_immediate(conn: Connection, deadline: float) -> None:
+    """``BEGIN IMMEDIATE`` waiting at most until ``deadline`` (``time.monotonic``).
+
+    The connection's busy timeout is the time left for the BEGIN only, then
+    back to the engine's 30 s. Raises ``QueueLockTimeout`` when the database
+    stayed locked (by another process) until the deadline.
+    """
+    left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+    conn.exec_driver_sql(f"PRAGMA busy_timeout={left_ms}")
+    try:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    except OperationalError as exc:
+        if "locked" in str(exc).lower():
+            raise QueueLockTimeout(
+                f"SQLite write lock not granted within {LOCK_WAIT_SECONDS} s"
+            ) from exc
+        raise
+    finally:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
 
 @contextmanager

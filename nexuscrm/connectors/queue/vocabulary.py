@@ -83,6 +83,16 @@ class QueueLockTimeout(NexusError, TimeoutError):
     """
 
 
+class ClaimSchemaMissing(FatalError):
+    """The claim found a table or column of the work queue missing (permanent).
+
+    A schema error repeats identically on every retry, so it is a
+    ``FatalError``: the claim activity fails at once, non-retryable, naming
+    the driver's message (the seed's ``workItemClaimSchemaMissing``; detected
+    with ``nexuscrm.cutover.schema_missing``). Run ``nexusctl migrate``.
+    """
+
+
 # --- small helpers ------------------------------------------------------------
 
 
