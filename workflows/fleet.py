@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import (
@@ -71,6 +72,12 @@ def supervisor_workflow_id(database_id: str, pack: DesiredPack, generation: int)
     """
     base = f"connector/{database_id}/{pack.namespace}/{pack.install_id}"
     return f"{base}/supervisor-{pack.fingerprint[:8]}-{generation}"
+
+
+def _consume_outcome(fut: asyncio.Future[Any]) -> None:
+    """Done callback of a detached pool's child handle: read its outcome, nothing else."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 @workflow.defn(name="ConnectorFleet")
@@ -272,7 +279,7 @@ class ConnectorFleetWorkflow:
         )
         config.pool_id = pack.supervisor_workflow_id
         try:
-            await workflow.start_child_workflow(
+            handle = await workflow.start_child_workflow(
                 PackSupervisorWorkflow.run,
                 config,
                 id=pack.supervisor_workflow_id,
@@ -292,6 +299,10 @@ class ConnectorFleetWorkflow:
         except WorkflowAlreadyStartedError as err:  # next reconcile tries again
             workflow.logger.warning("pool %s not started: %s", pack.supervisor_workflow_id, err)
             return False
+        # The pool is detached (ABANDON); its end is noticed by the liveness check
+        # of the next reconcile. Retrieve the handle's outcome so a terminated or
+        # failed pool is not logged as "exception was never retrieved" (no command).
+        handle.add_done_callback(_consume_outcome)
         self.running[f"{pack.namespace}/{pack.install_id}"] = pack
         return True
 
