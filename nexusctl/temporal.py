@@ -77,7 +77,7 @@ async def connect(settings: Settings) -> Client:
 
 
 async def ensure_search_attributes(client: Client) -> None:
-    """Register NexusPhase / NexusDatabase / NexusOperation (Keyword) if missing.
+    """Register the Keyword search attributes of :data:`SEARCH_ATTRIBUTES` if missing.
 
     Workflows upsert them; on a server that lacks them every workflow task
     would fail, so the worker registers them before it polls.
