@@ -95,3 +95,29 @@ async def test_status_and_enqueue_fail_with_one_line_when_they_cannot_do_their_j
     res = await asyncio.to_thread(runner.invoke, app, ["events", "enqueue", str(missing)], env=env)
     assert res.exit_code == 1
     assert f"events file {missing}" in res.output and "Traceback" not in res.output
+
+
+async def test_status_of_a_fleet_no_worker_runs_names_the_task_queue(temporal_env, settings):
+    """A fleet started while no worker polls its task queue cannot answer its
+    status query: the one error line says that no worker polls the queue (the
+    cause), not only that the query timed out."""
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        "COLUMNS": "300",
+    }
+    try:
+        res = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "status"], env=env)
+        assert res.exit_code == 1, res.output
+        assert "salesforce-sync" in res.output
+        assert f"no worker polls task queue {settings.connector_task_queue}" in res.output
+    finally:
+        await fleet.terminate("test over")

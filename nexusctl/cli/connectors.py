@@ -10,12 +10,19 @@ import contextlib
 import typer
 from rich.table import Table
 from rich.text import Text
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.contracts import FleetStatus, SupervisorStatus
-from nexusctl.cli.common import QUERY_TIMEOUT, existing_engine, load_settings, no_database
+from nexusctl.cli.common import (
+    QUERY_TIMEOUT,
+    active_pollers,
+    existing_engine,
+    load_settings,
+    no_database,
+)
 from nexusctl.cli.render import console, expected_failure, fail
 from nexusctl.cli.wakes import waits
 from nexusctl.temporal import connect, fleet_workflow_id, start_fleet
@@ -52,18 +59,33 @@ def connectors_status() -> None:
 
     problem: str | None = None
 
+    async def unserved(client: Client | None) -> str | None:
+        """When the fleet did not answer: say so if no worker polls its task queue."""
+        if client is None:
+            return None
+        pollers = await active_pollers(client, settings.connector_task_queue)
+        if pollers == []:
+            return (
+                f"no worker polls task queue {settings.connector_task_queue}: the fleet "
+                "exists but nothing runs it (start `nexusctl worker`)"
+            )
+        return None
+
     async def pools() -> tuple[dict[str, SupervisorStatus], FleetStatus | None]:
         nonlocal problem
+        client: Client | None = None
         try:
             client = await connect(settings)
             handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
             fleet = await handle.query("status", result_type=FleetStatus, rpc_timeout=QUERY_TIMEOUT)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
-                problem = expected_failure(exc) or str(exc)
+                problem = await unserved(client) or expected_failure(exc) or str(exc)
             return {}, None
         except Exception as exc:  # the table is still worth printing; the command fails
-            problem = expected_failure(exc) or f"{type(exc).__name__}: {exc}"
+            problem = (
+                await unserved(client) or expected_failure(exc) or f"{type(exc).__name__}: {exc}"
+            )
             return {}, None
         out: dict[str, SupervisorStatus] = {}
         for pool in fleet.pools:
