@@ -40,7 +40,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
-from nexuscrm.contracts import ApplyAllInput, FleetInput
+from nexuscrm.contracts import FleetInput
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -48,12 +48,11 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import (
     SEARCH_ATTRIBUTES,
     fleet_workflow_id,
-    start_controlplane,
     start_fleet,
     temporal_binary,
 )
-from nexusctl.worker import build_connector_worker, build_worker
-from tests.builders import chain_events, executions
+from nexusctl.worker import build_connector_worker
+from tests.builders import chain_events, executions, install
 
 SUGGEST, WARN, LIMIT = 4_096, 10_240, 51_200  # Temporal's default event counts
 
@@ -82,14 +81,7 @@ async def run(env: WorkflowEnvironment, url: str, minutes: float, warmup: float)
     """Install salesforce-sync, run the default fleet idle, print events/hour per role."""
     settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bench-{uuid.uuid4().hex[:8]}")
     catalog.CACHE.invalidate()
-    async with build_worker(env.client, settings):
-        handle = await start_controlplane(
-            env.client,
-            settings,
-            "ApplyAll",
-            ApplyAllInput(app_pack_sources=[str(CONNECTOR_PACKS_DIR / "salesforce-sync")]),
-        )
-        await handle.result()
+    await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     inp = FleetInput(database_id=settings.database_id)
     client = env.client
     async with build_connector_worker(client, settings):

@@ -48,7 +48,7 @@ import activities.identity as identity_acts
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import ApplyAllInput, FleetInput
+from nexuscrm.contracts import FleetInput
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
@@ -57,12 +57,11 @@ from nexuscrm.settings import Settings
 from nexusctl.temporal import (
     SEARCH_ATTRIBUTES,
     signal_fleet,
-    start_controlplane,
     start_fleet,
     temporal_binary,
 )
-from nexusctl.worker import build_connector_worker, build_worker
-from tests.builders import record_upsert
+from nexusctl.worker import build_connector_worker
+from tests.builders import install, record_upsert
 
 WATCH_S = 0.05
 PHASE_TIMEOUT_S = 150.0
@@ -159,14 +158,7 @@ async def run(
 ) -> list[float]:
     settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bi-{uuid.uuid4().hex[:8]}")
     catalog.CACHE.invalidate()
-    async with build_worker(env.client, settings):
-        handle = await start_controlplane(
-            env.client,
-            settings,
-            "ApplyAll",
-            ApplyAllInput(app_pack_sources=[str(CONNECTOR_PACKS_DIR / "salesforce-sync")]),
-        )
-        await handle.result()
+    await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
     children = [
