@@ -456,35 +456,45 @@ def test_finish_writes_attempts_and_fences_on_token(engine: Engine) -> None:
 
 
 def test_replay(engine: Engine) -> None:
-    res = wq.enqueue(engine, [req("a", "L"), req("b", "L")])
-    a_id, b_id = res.work_ids
+    res = wq.enqueue(engine, [req("a", "L"), req("b", "L"), req("c", "M"), req("d", "M")])
+    a_id, b_id, c_id, d_id = res.work_ids
     now = utcnow()
-    (a,) = claim(engine, now)
+    a, c = claim(engine, now)
     with pytest.raises(NexusError, match="processing"):
         wq.replay(engine, a_id)
     with engine.begin() as conn:
         wq.finish_failed(conn, a, failure_class="flow-error", summary="boom", now=now)
-    (b,) = claim(engine, now)
+        wq.finish_failed(conn, c, failure_class="flow-error", summary="boom", now=now)
+    b, d = claim(engine, now)
     succeed(engine, b, now)
     with pytest.raises(NexusError, match="succeeded"):
         wq.replay(engine, b_id)
     with pytest.raises(NexusError, match="no such"):
         wq.replay(engine, "wi-missing")
-    new_id = wq.replay(engine, a_id, now=now)
-    rows = items(engine)
-    assert rows[a_id]["ReplayedAt"] == now
-    new = rows[new_id]
-    assert (new["State"], new["Attempt"], new["ReplayOfWorkId"]) == ("pending", 0, a_id)
-    assert new["EventId"] == rows[a_id]["EventId"]
-    assert new["SourceLaneKey"] == "sf/Account/L"
-    assert new["LaneOrdinal"] > max(rows[a_id]["LaneOrdinal"], rows[b_id]["LaneOrdinal"])
-    with pytest.raises(NexusError, match="replayed already"):
+    # a later event of L succeeded: replaying a would overwrite it
+    with pytest.raises(NexusError, match=f"overwrite newer data.*{b_id} \\(succeeded\\)"):
         wq.replay(engine, a_id)
+    # ... and of M one is running
+    with pytest.raises(NexusError, match=f"{d_id} \\(processing\\)"):
+        wq.replay(engine, c_id)
+    wq.release_leases(engine, [d])
+    new_id = wq.replay(engine, c_id, now=now)
+    rows = items(engine)
+    assert rows[c_id]["ReplayedAt"] == now
+    assert rows[a_id]["ReplayedAt"] is None
+    new = rows[new_id]
+    assert (new["State"], new["Attempt"], new["ReplayOfWorkId"]) == ("pending", 0, c_id)
+    assert new["EventId"] == rows[c_id]["EventId"]
+    assert new["SourceLaneKey"] == "sf/Account/M"
+    # its original position in the lane: before d, which still waits
+    assert new["LaneOrdinal"] == rows[c_id]["LaneOrdinal"] < rows[d_id]["LaneOrdinal"]
+    with pytest.raises(NexusError, match="replayed already"):
+        wq.replay(engine, c_id)
     # enqueuing the event's key again points at the live replay
-    assert wq.enqueue(engine, [req("a", "L")]).work_ids == [new_id]
+    assert wq.enqueue(engine, [req("c", "M")]).work_ids == [new_id]
     (again,) = claim(engine, now)
-    assert (again.work_id, again.replay_of_work_id, again.attempt) == (new_id, a_id, 1)
-    assert again.payload == {"key": "a", "n": 1}
+    assert (again.work_id, again.replay_of_work_id, again.attempt) == (new_id, c_id, 1)
+    assert again.payload == {"key": "c", "n": 1}
 
 
 def test_stats_and_pressure(engine: Engine) -> None:

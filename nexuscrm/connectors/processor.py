@@ -30,6 +30,14 @@ Before any of that, in both roles (seed: ``SetOutboundEchoProbe`` and
   (terminal; retried as ``companion-pack-installing`` while that incarnation
   is being re-applied).
 
+Once and in order: a chunk that outlasts the flow deadline is rolled back
+and redone item by item (never committed and then retried); an item that can
+never run fails alone before any flow (``payload-invalid``,
+``replay-superseded``), and an exception no handler expected ends only its
+own item's attempt (``finishing.Finisher``). Everything of one batch (its
+tally, the companions it read, the links it created) lives in the batch's own
+``_Batch``: one processor serves concurrent batches.
+
 Role (``handoff`` module): ``local`` runs ``flow`` routes; ``handoff`` writes
 each item's business operation as a ``_System_RuntimeCommand`` row in the
 transaction that finishes it (attempt ``CauseCode='runtime-command-handoff'``,
@@ -46,13 +54,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Engine, select
 
 from nexuscrm import catalog
-from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
 from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
+from nexuscrm.connectors.finishing import BatchOutcome, Finisher
 from nexuscrm.connectors.flows import (
     DependencyUnresolved,
     FlowError,
@@ -68,18 +76,14 @@ from nexuscrm.connectors.handoff import (
     supported_modes,
     write_commands,
 )
-from nexuscrm.connectors.identity import Dependency, to_spec
+from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
-from nexuscrm.contracts import BatchResult, BlockedWait
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
 from nexuscrm.packs.model import Category, InboundRoute
 
-# A blocked item whose identity wait has not marked it within this grace is
-# treated as wait-less by recovery (which starts the wait).
-BLOCK_GRACE = dt.timedelta(seconds=60)
-MAX_ATTEMPTS = 8
+MAX_ATTEMPTS = queue.MAX_ATTEMPTS
 # Flow items per transaction (a batch is at most this in the default profiles).
 CHUNK = 100
 
@@ -95,41 +99,25 @@ class _Plan:
     command: RuntimeCommand | None = None
 
 
-def _count(outcome: BatchOutcome, kind: str, failure_class: str) -> None:
-    setattr(outcome, kind, getattr(outcome, kind) + 1)
-    outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
+class _ChunkOverrun(Exception):
+    """Raised inside a chunk's transaction when it outlasted the flow deadline (rolls it back)."""
 
 
 @dataclass
-class BatchOutcome:
-    """Counts of one batch: succeeded, retried, failed, lost (lease taken over).
+class _Batch:
+    """State of ONE batch, owned by the call that processes it.
 
-    The batch's running tally, not the wire type: ``failure_classes`` (count
-    per failure class) stays in the process and ``wake_keys`` is a set while
-    items add to it. :meth:`result` is its ``BatchResult``; ``blocked`` is
-    already wire data (``BlockedWait``: work id, key hash, ``DependencySpec``).
+    One :class:`Processor` serves every batch of its worker process, up to
+    ``max_concurrent_activities`` of them at once in threads, so nothing that
+    belongs to a batch may live on the processor: ``outcome`` is its tally,
+    ``companions`` the status of each frozen companion incarnation it read,
+    ``created`` the remote links its flows created (whose blocked children it
+    wakes).
     """
 
-    succeeded: int = 0
-    retried: int = 0
-    failed: int = 0
-    lost: int = 0
-    failure_classes: dict[str, int] = field(default_factory=dict)
-    blocked: list[BlockedWait] = field(default_factory=list)
-    wake_keys: set[str] = field(default_factory=set)
-    released: int = 0
-
-    def result(self) -> BatchResult:
-        """The ``BatchResult`` the process activity returns (``wake_keys`` sorted)."""
-        return BatchResult(
-            self.succeeded,
-            self.retried,
-            self.failed,
-            self.lost,
-            blocked=list(self.blocked),
-            wake_keys=sorted(self.wake_keys),
-            released=self.released,
-        )
+    outcome: BatchOutcome = field(default_factory=BatchOutcome)
+    companions: dict[str, str] = field(default_factory=dict)
+    created: list[RemoteIdentity] = field(default_factory=list)
 
 
 class Processor:
@@ -155,15 +143,14 @@ class Processor:
         self.modes = supported_modes(role)
         self.role = role
         self.echo = SQLOutboundEchoProbe(engine)
-        # Status of each frozen companion incarnation, read once per batch.
-        self._companions: dict[str, str] = {}
         self.engine = engine
         self.routes = RouteResolver(engine)
         self.http = http or httpx.Client()
         self.flow_deadline = flow_deadline
         self.max_attempts = max_attempts
+        self.finish = Finisher(engine, max_attempts)
+        # Shared by concurrent batches: only immutable-once-built clients per pack.
         self._clients: dict[str, BatchReadClient] = {}
-        self._created: list[RemoteIdentity] = []
 
     def process(
         self,
@@ -187,21 +174,26 @@ class Processor:
         item). ``on_item`` is never called inside a transaction: it may
         extend the leases, which the open transaction holds locked.
         """
-        outcome = BatchOutcome()
-        self._created = []
-        items = self._finish_echoes(items, outcome)
-        self._companions = self._companion_states(items)
+        batch = _Batch()
+        outcome = batch.outcome
+        try:
+            batched, single = self._prepare(items, batch)
+        except Exception as exc:  # one bad item must not sink its batch-mates
+            log.warning(
+                "batch preparation raised; preparing its items one by one",
+                items=len(items),
+                err=describe_error(exc),
+            )
+            batched, single = [], []
+            for item in items:
+                try:
+                    b, one = self._prepare([item], batch)
+                except Exception as item_exc:
+                    self.finish.unexpected(item, item_exc, outcome)
+                    continue
+                batched += b
+                single += one
         cat = catalog.CACHE.get(self.engine)
-        items, enrich_errors = self._enrich(items)
-        batched: list[tuple[queue.ClaimedItem, _Plan]] = []
-        single: list[queue.ClaimedItem] = []
-        for item in items:
-            error = enrich_errors.get(item.work_id)
-            plan = _Plan(error=error) if error is not None else self._plan(item)
-            if plan.webhook:
-                single.append(item)
-            else:
-                batched.append((item, plan))
         for start in range(0, len(batched), CHUNK):
             if should_stop is not None and should_stop():
                 rest = [i for i, _p in batched[start:]] + single
@@ -209,13 +201,14 @@ class Processor:
                 single = []
                 break
             chunk = batched[start : start + CHUNK]
-            if not self._flow_chunk(chunk, cat, outcome):
+            if not self._flow_chunk(chunk, cat, batch):
                 # Something in the chunk raised a database error (or lost a
-                # lease between hold and finish): nothing of it was written.
-                # Redo it item by item, one transaction each, which isolates
-                # the bad item and classifies its error.
+                # lease between hold and finish, or outlasted the flow
+                # deadline): nothing of it was written. Redo it item by item,
+                # one transaction each, which isolates the bad item and
+                # classifies its error.
                 for item, _plan in chunk:
-                    self._one_guarded(item, cat, outcome)
+                    self._one_guarded(item, cat, batch)
                     if on_item is not None:
                         on_item()
                 continue
@@ -226,19 +219,45 @@ class Processor:
             if should_stop is not None and should_stop():
                 outcome.released = len(queue.release_leases(self.engine, single[k:]))
                 break
-            self._one_guarded(item, cat, outcome)
+            self._one_guarded(item, cat, batch)
             if on_item is not None:
                 on_item()
-        if self._created:
+        if batch.created:
             hashes = {
                 Dependency.remote(
                     i.owner_key, i.namespace, i.destination_object, i.remote_id
                 ).key_hash
-                for i in self._created
+                for i in batch.created
             }
-            self._created = []
             outcome.wake_keys |= queue.blocked_keys(self.engine, sorted(hashes))
         return outcome
+
+    def _prepare(
+        self, items: Sequence[queue.ClaimedItem], batch: _Batch
+    ) -> tuple[list[tuple[queue.ClaimedItem, _Plan]], list[queue.ClaimedItem]]:
+        """Split ``items`` into chunkable ``(item, plan)`` pairs and one-by-one items.
+
+        Fails at once what can never run (a payload that is not a JSON object:
+        ``payload-invalid``), refuses replays that a later event of their
+        record superseded (``replay-superseded``), finishes outbound echoes,
+        reads the companions, enriches and resolves each item's route. Raises
+        whatever a step raises (the caller retries the items one by one, so
+        one bad item fails alone).
+        """
+        items = self.finish.unrunnable(items, batch.outcome)
+        items = self._finish_echoes(items, batch.outcome)
+        batch.companions = {**batch.companions, **self._companion_states(items)}
+        items, enrich_errors = self._enrich(items)
+        batched: list[tuple[queue.ClaimedItem, _Plan]] = []
+        single: list[queue.ClaimedItem] = []
+        for item in items:
+            error = enrich_errors.get(item.work_id)
+            plan = _Plan(error=error) if error is not None else self._plan(item, batch)
+            if plan.webhook:
+                single.append(item)
+            else:
+                batched.append((item, plan))
+        return batched, single
 
     def _finish_echoes(
         self, items: Sequence[queue.ClaimedItem], outcome: BatchOutcome
@@ -313,7 +332,7 @@ class Processor:
         return {i: found.get(i, "") for i in ids}
 
     def _check_companion(
-        self, item: queue.ClaimedItem, route: InboundRoute, pack: ConnectorPackRow
+        self, item: queue.ClaimedItem, route: InboundRoute, pack: ConnectorPackRow, batch: _Batch
     ) -> None:
         """Port of ``companionInstallStillInstalledChecker``: the frozen companion must be active.
 
@@ -325,9 +344,9 @@ class Processor:
         frozen = item.companion_pack_install_id
         if frozen is None and route.companion_pack is None:
             return  # not a cross-pack event
-        if frozen and frozen not in self._companions:
-            self._companions.update(self._companion_states([item]))
-        status = self._companions.get(frozen, "") if frozen else ""
+        if frozen and frozen not in batch.companions:
+            batch.companions.update(self._companion_states([item]))
+        status = batch.companions.get(frozen, "") if frozen else ""
         if status == "active":
             return
         where = (
@@ -405,7 +424,9 @@ class Processor:
                     enriched[m.work_id] = dataclasses.replace(m, payload=payload)
         return [enriched.get(i.work_id, i) for i in items], errors
 
-    def _route(self, item: queue.ClaimedItem) -> tuple[InboundRoute, ConnectorPackRow]:
+    def _route(
+        self, item: queue.ClaimedItem, batch: _Batch
+    ) -> tuple[InboundRoute, ConnectorPackRow]:
         """The item's route and pack, checked for this role and its companion.
 
         Raises ``RouteNotFoundError``, or ``FlowError`` for a route this
@@ -432,13 +453,13 @@ class Processor:
                 "service; this supervisor runs local flows only",
                 retriable=False,
             )
-        self._check_companion(item, route, pack)
+        self._check_companion(item, route, pack, batch)
         return route, pack
 
-    def _plan(self, item: queue.ClaimedItem) -> _Plan:
+    def _plan(self, item: queue.ClaimedItem, batch: _Batch) -> _Plan:
         """Resolve the item's route: its flow request, or the error it fails with."""
         try:
-            route, pack = self._route(item)
+            route, pack = self._route(item, batch)
         except (RouteNotFoundError, FlowError) as exc:
             return _Plan(error=exc)
         except Exception:  # classified by the one-by-one path
@@ -461,7 +482,7 @@ class Processor:
         self,
         chunk: Sequence[tuple[queue.ClaimedItem, _Plan]],
         cat: catalog.Catalog,
-        outcome: BatchOutcome,
+        batch: _Batch,
     ) -> bool:
         """Run a chunk of flow items in ONE transaction; False if it must be redone one by one.
 
@@ -470,8 +491,12 @@ class Processor:
         every item in the same transaction: successes with one batched
         compare-and-set and one attempts INSERT, flow errors (which wrote
         nothing) with their retry or failure. A database error anywhere rolls
-        the whole chunk back and returns False.
+        the whole chunk back and returns False. So does a chunk that outlasted
+        the flow deadline: its writes are rolled back (never committed and then
+        retried, which would apply the events again), and the one-by-one redo
+        bounds each item by the deadline on its own.
         """
+        outcome = batch.outcome
         start = time.monotonic()
         counts = BatchOutcome()
         try:
@@ -488,8 +513,7 @@ class Processor:
                 if self.flow_deadline and time.monotonic() - start > (
                     self.flow_deadline.total_seconds()
                 ):
-                    late = FlowError("flow-deadline", "flow exceeded its deadline", retriable=True)
-                    by_work = {w: late for w, res in by_work.items()}
+                    raise _ChunkOverrun()
                 succeeded: list[queue.ClaimedItem] = []
                 commands = [p.command for _i, p in live if p.command and p.error is None]
                 handed = write_commands(conn, commands)
@@ -500,7 +524,7 @@ class Processor:
                     if not isinstance(res, Exception):
                         succeeded.append(item)
                         continue
-                    self._finish_error(conn, item, res, counts)
+                    self.finish.error(conn, item, res, counts)
                 queue.finish_succeeded_many(conn, succeeded)
                 queue.finish_succeeded_many(
                     conn,
@@ -509,6 +533,13 @@ class Processor:
                     cause_code="runtime-command-handoff",
                 )
                 counts.succeeded = len(succeeded) + len(commands)
+        except _ChunkOverrun:
+            log.warning(
+                "connector batch outlasted the flow deadline; rolled back, redoing it item by item",
+                items=len(chunk),
+                deadline_s=self.flow_deadline.total_seconds() if self.flow_deadline else None,
+            )
+            return False
         except Exception as exc:  # the one-by-one redo classifies it
             log.warning(
                 "connector batch rolled back; redoing it item by item",
@@ -521,66 +552,24 @@ class Processor:
         outcome.failed += counts.failed
         outcome.lost += counts.lost
         outcome.blocked += counts.blocked
-        self._created += created
+        batch.created += created
         for key, n in counts.failure_classes.items():
             outcome.failure_classes[key] = outcome.failure_classes.get(key, 0) + n
         return True
 
-    def _finish_error(
-        self,
-        conn: Connection,
-        item: queue.ClaimedItem,
-        exc: Exception,
-        outcome: BatchOutcome,
-    ) -> None:
-        """Finish ``item`` after a route or flow error, in ``conn``'s transaction."""
-        if isinstance(exc, DependencyUnresolved):
-            self._block(conn, item, exc, outcome)
-            return
-        if isinstance(exc, FlowError):
-            if exc.retriable and item.attempt < self.max_attempts:
-                delay = queue.retry_backoff(item.attempt)
-                queue.finish_retry(
-                    conn,
-                    item,
-                    run_after=utcnow() + delay,
-                    failure_class=exc.failure_class,
-                    summary=str(exc),
-                )
-                _count(outcome, "retried", exc.failure_class)
-                return
-            failure_class = exc.failure_class
-        elif isinstance(exc, RouteNotFoundError):
-            failure_class = "route-not-found"
-        else:  # pragma: no cover - only FlowError / RouteNotFoundError reach here
-            raise exc
-        queue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
-        _count(outcome, "failed", failure_class)
-
-    def _block(
-        self,
-        conn: Connection,
-        item: queue.ClaimedItem,
-        exc: DependencyUnresolved,
-        outcome: BatchOutcome,
-    ) -> None:
-        p = exc.parent
-        dep = Dependency.remote(p.owner_key, p.namespace, p.destination_object, p.remote_id)
-        queue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
-        outcome.blocked.append(BlockedWait(item.work_id, dep.key_hash, to_spec(dep)))
-        _count(outcome, "retried", exc.failure_class)
-
-    def _one_guarded(
-        self, item: queue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome
-    ) -> None:
+    def _one_guarded(self, item: queue.ClaimedItem, cat: catalog.Catalog, batch: _Batch) -> None:
+        """:meth:`_one`, with a lost lease counted and any escaping error finishing the item."""
         try:
-            self._one(item, cat, outcome)
+            self._one(item, cat, batch)
         except queue.LeaseLost:
-            outcome.lost += 1
+            batch.outcome.lost += 1
+        except Exception as exc:  # e.g. the finish itself failed: fail or retry the item alone
+            self.finish.unexpected(item, exc, batch.outcome)
 
-    def _one(self, item: queue.ClaimedItem, cat: catalog.Catalog, outcome: BatchOutcome) -> None:
+    def _one(self, item: queue.ClaimedItem, cat: catalog.Catalog, batch: _Batch) -> None:
+        outcome = batch.outcome
         try:
-            route, pack = self._route(item)
+            route, pack = self._route(item, batch)
             if self.role == ROLE_HANDOFF:
                 with self.engine.begin() as conn:
                     handed = write_commands(conn, [RuntimeCommand(item, route, pack.namespace)])
@@ -622,48 +611,25 @@ class Processor:
                             "flow-deadline", "flow exceeded its deadline", retriable=True
                         )
                     queue.finish_succeeded(conn, item)
-                self._created += created
+                batch.created += created
             outcome.succeeded += 1
         except RouteNotFoundError as exc:
-            self._finish_failed(item, "route-not-found", str(exc), outcome)
+            self.finish.failed(item, "route-not-found", str(exc), outcome)
         except DependencyUnresolved as exc:
             with self.engine.begin() as conn:
-                self._block(conn, item, exc, outcome)
+                self.finish.block(conn, item, exc, outcome)
         except FlowError as exc:
             if exc.retriable and item.attempt < self.max_attempts:
                 delay = queue.retry_backoff(item.attempt)
-                self._finish_retry(item, exc.failure_class, str(exc), delay, outcome)
+                self.finish.retry(item, exc.failure_class, str(exc), delay, outcome)
             else:
-                self._finish_failed(item, exc.failure_class, str(exc), outcome)
+                self.finish.failed(item, exc.failure_class, str(exc), outcome)
         except queue.LeaseLost:
             raise
         except Exception as exc:
             if is_transient(exc) and item.attempt < self.max_attempts:
                 delay = queue.retry_backoff(item.attempt)
-                self._finish_retry(item, "transient-db", describe_error(exc), delay, outcome)
+                self.finish.retry(item, "transient-db", describe_error(exc), delay, outcome)
             else:
                 log.error("flow raised", work_id=item.work_id, err=describe_error(exc))
-                self._finish_failed(item, "flow-error", describe_error(exc), outcome)
-
-    def _finish_retry(
-        self,
-        item: queue.ClaimedItem,
-        failure_class: str,
-        summary: str,
-        delay: dt.timedelta,
-        outcome: BatchOutcome,
-    ) -> None:
-        with self.engine.begin() as conn:
-            queue.finish_retry(
-                conn, item, run_after=utcnow() + delay, failure_class=failure_class, summary=summary
-            )
-        outcome.retried += 1
-        outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
-
-    def _finish_failed(
-        self, item: queue.ClaimedItem, failure_class: str, summary: str, outcome: BatchOutcome
-    ) -> None:
-        with self.engine.begin() as conn:
-            queue.finish_failed(conn, item, failure_class=failure_class, summary=summary)
-        outcome.failed += 1
-        outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
+                self.finish.failed(item, "flow-error", describe_error(exc), outcome)

@@ -31,12 +31,14 @@ Ordinals and ids. One sequence, allocated under the enqueue lock (below),
 numbers every enqueued event and every work item: an event gets
 ``EventId = 'ev-<n:016d>'`` and ``EnqueueOrdinal = n``, its first work item
 ``WorkId = 'wi-<n:016d>'`` and ``LaneOrdinal = n``; a replay takes a fresh
-``n``. The next ``n`` is read from the primary-key indexes (``MAX(EventId)`` /
-``MAX(WorkId)`` within the id prefix: two index probes, O(log rows)), so no
-counter table is needed and ordinals are globally unique and increasing —
-which makes them increasing within every lane, and puts a replay at the end of
-its lane. Sortable work ids also give :func:`claim` a first-in-first-out scan
-straight off the claim index.
+``WorkId`` but keeps the replayed item's ``LaneOrdinal``. The next ``n`` is
+read from the primary-key indexes (``MAX(EventId)`` / ``MAX(WorkId)`` within
+the id prefix: two index probes, O(log rows)), so no counter table is needed
+and ordinals are increasing — which makes them increasing within every lane.
+A replay sits at its original position in its lane (a tie with its failed
+original is broken by ``WorkId``) and is refused while a later event of its
+record succeeded (see :func:`replay`). Sortable work ids also give
+:func:`claim` a first-in-first-out scan straight off the claim index.
 
 Locking. MySQL family: enqueue and replay serialize on the named lock
 ``GET_LOCK('nexuscrm_connector_enqueue')``; claims of one pack serialize on a
@@ -74,7 +76,7 @@ Modules (import from the package: it re-exports every public name)::
 """
 
 from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
-from nexuscrm.connectors.queue.enqueueing import enqueue, replay
+from nexuscrm.connectors.queue.enqueueing import enqueue, replay, superseding_items
 from nexuscrm.connectors.queue.leases import (
     extend_leases,
     finish_failed,
@@ -118,6 +120,8 @@ from nexuscrm.connectors.queue.stats import pack_queue_stats, processing_pressur
 from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     EVENT_ID_PREFIX,
+    FAILURE_ATTEMPTS_EXHAUSTED,
+    MAX_ATTEMPTS,
     NON_TERMINAL_STATES,
     OUTCOME_ABANDONED,
     OUTCOME_BLOCKED,
@@ -147,7 +151,9 @@ __all__ = [
     "CLAIMABLE_WORK_TYPES",
     "ENQUEUE_LOCK_NAME",
     "EVENT_ID_PREFIX",
+    "FAILURE_ATTEMPTS_EXHAUSTED",
     "LOCK_WAIT_SECONDS",
+    "MAX_ATTEMPTS",
     "NON_TERMINAL_STATES",
     "OUTCOME_ABANDONED",
     "OUTCOME_BLOCKED",
@@ -202,6 +208,7 @@ __all__ = [
     "release_leases",
     "replay",
     "retry_backoff",
+    "superseding_items",
     "terminalize_invalid",
     "wake_blocked",
     "wake_blocked_by_pack",

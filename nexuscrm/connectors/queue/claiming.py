@@ -21,7 +21,10 @@ from nexuscrm.connectors.queue.scan import _Candidate, _pick
 from nexuscrm.connectors.queue.shapes import ClaimedItem, ClaimSpec
 from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
+    FAILURE_ATTEMPTS_EXHAUSTED,
     OUTCOME_ABANDONED,
+    OUTCOME_FAILED,
+    STATE_FAILED,
     STATE_PROCESSING,
     ClaimSchemaMissing,
     _case,
@@ -34,6 +37,7 @@ from nexuscrm.connectors.queue.vocabulary import (
 )
 from nexuscrm.cutover import schema_missing
 from nexuscrm.db.dialect import describe_error
+from nexuscrm.log import log
 
 
 def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
@@ -61,8 +65,10 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
 
     Each item gets ``State='processing'``, a new uuid4 ``LeaseToken``,
     ``LeaseUntil = now + lease_seconds`` (whole seconds) and ``Attempt + 1``
-    by compare-and-set; an item changed concurrently is skipped. Returns the
-    claimed items in claim order (possibly empty).
+    by compare-and-set; an item changed concurrently is skipped. A picked
+    item that has used ``max_attempts`` attempts is failed
+    ``attempts-exhausted`` instead (:func:`_fail_exhausted`), however its
+    attempts ended. Returns the claimed items in claim order (possibly empty).
 
     Raises ``ValueError`` for a non-positive ``lease_seconds``,
     ``QueueLockTimeout`` when the pack's claim lock is busy for
@@ -143,6 +149,12 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
             picked = [c for c in picked if c.work_id in locked]
             if not picked:
                 return []
+        exhausted = [c for c in picked if c.attempt >= spec.max_attempts]
+        if exhausted:
+            _fail_exhausted(conn, exhausted, spec.max_attempts, when)
+            picked = [c for c in picked if c.attempt < spec.max_attempts]
+            if not picked:
+                return []
         tokens = {c.work_id: uuid.uuid4().hex for c in picked}
         # One compare-and-set UPDATE for the batch: each row must still be in
         # the (State, LeaseToken, Attempt) it was chosen in. Which rows won is
@@ -183,6 +195,80 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         if abandoned:
             _insert_attempts(conn, abandoned, ignore_existing=True)
         return result
+
+
+def _fail_exhausted(
+    conn: Connection, exhausted: list[_Candidate], max_attempts: int, when: datetime
+) -> None:
+    """Fail the picked items that have used every attempt, instead of leasing them.
+
+    The cap covers every way an attempt ends: a retriable flow error on the
+    last attempt is failed by the processor, but an attempt that ended any
+    other way (the worker died, the activity failed, the lease was handed
+    back) leaves the item claimable with its ``Attempt`` count spent. Without
+    this it would be reclaimed forever, holding its record's later events
+    behind it. Compare-and-set per item on the (State, LeaseToken, Attempt)
+    it was picked in; sets ``State='failed'``, ``TerminalAt``,
+    ``FailureClass='attempts-exhausted'`` (with a summary naming the cap and
+    how the last attempt ended), clears the lease, and writes the attempt row
+    of the last attempt (``OutcomeState='failed'``; one already written for it,
+    e.g. an ``abandoned`` row from a release, is kept). Replayable like any
+    failed item. No seed function: the Go runtime caps only flow failures.
+    """
+    failed: list[_Candidate] = []
+    for c in exhausted:
+        how = (
+            "its last attempt's lease expired without a result (worker died or its batch "
+            "was abandoned)"
+            if c.state == STATE_PROCESSING
+            else "its last attempt ended without a result"
+        )
+        res = conn.execute(
+            _w.update()
+            .where(
+                _w.c.WorkId == c.work_id,
+                _w.c.State == c.state,
+                _w.c.LeaseToken.is_(None)
+                if c.lease_token is None
+                else _w.c.LeaseToken == c.lease_token,
+                _w.c.Attempt == c.attempt,
+            )
+            .values(
+                State=STATE_FAILED,
+                TerminalAt=when,
+                LeaseOwner=None,
+                LeaseToken=None,
+                LeaseUntil=None,
+                FailureCount=_w.c.FailureCount + 1,
+                LastFailureAt=when,
+                FailureClass=FAILURE_ATTEMPTS_EXHAUSTED,
+                FailureSummary=(f"work item {c.work_id} used all {max_attempts} attempts; {how}"),
+                LastModifiedDate=when,
+            )
+        )
+        if res.rowcount == 1:
+            failed.append(c)
+    if failed:
+        _insert_attempts(
+            conn,
+            [
+                _attempt_row(
+                    c.work_id,
+                    c.attempt,
+                    c.event_id,
+                    OUTCOME_FAILED,
+                    when,
+                    failure_class=FAILURE_ATTEMPTS_EXHAUSTED,
+                )
+                for c in failed
+            ],
+            ignore_existing=True,
+        )
+        log.warning(
+            "work items failed: attempts exhausted",
+            items=[c.work_id for c in failed],
+            max_attempts=max_attempts,
+        )
 
 
 def _claim_update(
@@ -256,6 +342,7 @@ def _leased_rows(conn: Connection, tokens: dict[str, str]) -> dict[str, Any]:
             _w.c.SourceLaneKey,
             _w.c.TargetMutationLaneKey,
             _w.c.ReplayOfWorkId,
+            _w.c.LaneOrdinal,
             _e.c.Namespace,
             _e.c.EventKind,
             _e.c.RouteVersion,
@@ -294,6 +381,7 @@ def _item(r: Any) -> ClaimedItem:
         target_mutation_lane_key=r.TargetMutationLaneKey or "",
         replay_of_work_id=r.ReplayOfWorkId,
         companion_pack_install_id=r.CompanionPackInstallId,
+        lane_ordinal=int(r.LaneOrdinal or 0),
     )
 
 

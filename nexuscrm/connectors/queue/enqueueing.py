@@ -20,6 +20,8 @@ from nexuscrm.connectors.queue.vocabulary import (
     EVENT_ID_PREFIX,
     STATE_FAILED,
     STATE_PENDING,
+    STATE_PROCESSING,
+    STATE_SUCCEEDED,
     WORK_ID_PREFIX,
     WORK_TYPE_CONNECTOR_EVENT,
     InvalidWorkRequest,
@@ -322,16 +324,50 @@ def _new_item_row(
 # --- replay -------------------------------------------------------------------
 
 
+def superseding_items(
+    conn: Connection, source_lane: str | None, lane_ordinal: int
+) -> list[tuple[str, str]]:
+    """``(WorkId, State)`` of the items after ``lane_ordinal`` in ``source_lane`` that
+    ``succeeded`` or are ``processing``, in lane order (``[]`` for no lane).
+
+    These are the record's later events whose values a replay of an earlier
+    event would overwrite. Reads the lane index only.
+    """
+    if not source_lane:
+        return []
+    rows = conn.execute(
+        select(_w.c.WorkId, _w.c.State)
+        .where(
+            _w.c.SourceLaneKey == source_lane,
+            _w.c.LaneOrdinal > lane_ordinal,
+            _w.c.State.in_([STATE_SUCCEEDED, STATE_PROCESSING]),
+        )
+        .order_by(_w.c.LaneOrdinal, _w.c.WorkId)
+    ).all()
+    return [(r[0], r[1]) for r in rows]
+
+
 def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
-    """Run a ``failed`` item's event again; return the new item's WorkId.
+    """Run a ``failed`` item's event again, in its record's order; return the new WorkId.
 
     Inserts a new pending work item for the same event (same pack, work type,
-    queue class and lanes) with ``ReplayOfWorkId=work_id`` and a fresh lane
-    ordinal at the end of its lane, and stamps ``ReplayedAt`` on the old row,
-    in one transaction under the enqueue lock.
+    queue class and lanes) with ``ReplayOfWorkId=work_id`` and stamps
+    ``ReplayedAt`` on the old row, in one transaction under the enqueue lock.
+    The new item keeps the old one's ``LaneOrdinal`` (its original position in
+    the record's source lane), so it runs before the record's later events
+    that are still waiting, never after them.
+
+    A replay that would apply an older version of a record over a newer one is
+    refused: while a later event of the same source lane has ``succeeded`` (or
+    is ``processing``), replaying this one would overwrite the newer field
+    values with older ones. The error names those later items; to apply the
+    old values anyway, enqueue them as a new event. The processor checks the
+    same rule again when it runs the replay (``replay-superseded``), which
+    covers a later event that succeeds between the replay and its claim.
 
     Raises ``NexusError`` when the item does not exist, is not ``failed``
-    (naming its state), or was replayed already (naming the replacement).
+    (naming its state), was replayed already (naming the replacement), or a
+    later event of its record succeeded or is running (naming them).
     """
     when = _now(now)
     with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
@@ -347,6 +383,15 @@ def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
                 select(_w.c.WorkId).where(_w.c.ReplayOfWorkId == work_id)
             ).scalar_one_or_none()
             raise NexusError(f"replay {work_id}: replayed already (as {newer})")
+        later = superseding_items(conn, old["SourceLaneKey"], int(old["LaneOrdinal"] or 0))
+        if later:
+            shown = ", ".join(f"{w} ({state})" for w, state in later[:5])
+            more = f" and {len(later) - 5} more" if len(later) > 5 else ""
+            raise NexusError(
+                f"replay {work_id}: refused, it would overwrite newer data of its record "
+                f"(lane {old['SourceLaneKey']}): later events {shown}{more} already applied "
+                "or are running; enqueue the old values as a new event if you mean it"
+            )
         seq = _next_seq(conn)
         new_id = _seq_id(WORK_ID_PREFIX, seq)
         res = conn.execute(
@@ -366,7 +411,7 @@ def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
                     old["QueueClass"],
                     old["SourceLaneKey"],
                     old["TargetMutationLaneKey"],
-                    seq,
+                    int(old["LaneOrdinal"] or seq),
                     when,
                     work_type=old["WorkType"],
                     replay_of=work_id,

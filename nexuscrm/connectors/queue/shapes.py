@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from nexuscrm.connectors.identity import Dependency
+from nexuscrm.connectors.queue.vocabulary import MAX_ATTEMPTS
 
 
 @dataclass
@@ -82,6 +83,9 @@ class ClaimedItem:
     companion_pack_install_id: str | None = None
     """The event's frozen companion AppPack incarnation (``None``: not cross-pack
     at enqueue; ``''``: cross-pack, but no companion was active then)."""
+    lane_ordinal: int = 0
+    """The item's position in its source lane (``LaneOrdinal``; a replay keeps
+    the replayed item's)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,9 @@ class ClaimSpec:
     processing budget, the most processing rows new claims may bring it to
     (``<= 0``: the claim takes nothing). ``preferred_queue_classes``: taken
     first, in this order. ``now``: naive UTC (``None``: the clock),
-    truncated to whole seconds by the claim.
+    truncated to whole seconds by the claim. ``max_attempts``: an item that
+    has used this many attempts (however they ended) is failed
+    ``attempts-exhausted`` by the claim instead of leased again.
 
     Immutable: the two class lists are stored as tuples. Nothing is checked
     here; the claim validates, so a bad spec fails where it is used.
@@ -112,6 +118,7 @@ class ClaimSpec:
     max_processing_rows: int
     preferred_queue_classes: Sequence[str] = ()
     now: datetime | None = None
+    max_attempts: int = MAX_ATTEMPTS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_classes", tuple(self.queue_classes))

@@ -43,6 +43,13 @@ EVENT_ID_PREFIX = "ev-"
 WORK_ID_PREFIX = "wi-"
 _SEQ_WIDTH = 16
 
+MAX_ATTEMPTS = 8
+"""Attempts a work item gets, however each ends (finished, retried, abandoned by a
+dead or failed worker, handed back): the processor fails a retriable error on
+the last one, and the claim fails an item that has used them all
+(``attempts-exhausted``) instead of leasing it again."""
+FAILURE_ATTEMPTS_EXHAUSTED = "attempts-exhausted"
+
 RETRY_BACKOFF_BASE = timedelta(seconds=1)
 RETRY_BACKOFF_CAP = timedelta(minutes=5)
 
