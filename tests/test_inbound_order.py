@@ -318,8 +318,11 @@ async def test_concurrent_batches_each_wake_their_own_children(synced) -> None:
     barrier = threading.Barrier(2, timeout=60)
     outcomes: dict[str, Any] = {}
 
+    def meet() -> None:
+        barrier.wait()  # each batch finishes its chunk while the other one runs
+
     def run(name: str, items: list[queue.ClaimedItem]) -> None:
-        outcomes[name] = proc.process(items, on_item=barrier.wait)
+        outcomes[name] = proc.process(items, on_item=meet)
 
     started = time.monotonic()
     threads = [
