@@ -28,12 +28,12 @@ be unique across the plan.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nexuscrm.connectors.eventfile import EventFileError, load_json_file
 from nexuscrm.connectors.queue import EnqueueRequest
 from nexuscrm.errors import ManifestError
 
@@ -51,19 +51,17 @@ class _PlanRecord:
 
 
 def _load_json(path: Path) -> Any:
-    """Parse ``path`` as JSON; ``ManifestError`` naming the file when missing or malformed."""
+    """Parse ``path`` as JSON; ``ManifestError`` naming the file when it cannot be used.
+
+    Missing or unreadable, a directory, over 64 MiB (``/dev/zero`` stops
+    there), not UTF-8, malformed JSON (line and column) or nested deeper than
+    64 levels (``eventfile.load_json_file``).
+    """
     try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ManifestError(str(path), "file not found") from exc
-    except OSError as exc:
-        raise ManifestError(str(path), f"cannot read: {exc}") from exc
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(
-            str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from exc
+        return load_json_file(path, "data plan file")
+    except EventFileError as exc:
+        reason = exc.problems[0].removeprefix(f"{path}: ")
+        raise ManifestError(str(path), reason) from None
 
 
 def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, list[Path]]]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nexuscrm.connectors import queue
+from nexuscrm.connectors.eventfile import EventFileError, read_event_file, unrouted
 from nexuscrm.connectors.importer import events_from_sfdx_plan
-from nexuscrm.connectors.routes import ConnectorPackRow, list_connector_packs
+from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_connector_packs
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import load_settings, open_engine
@@ -43,7 +43,10 @@ async def _wake(settings: Settings, install_id: str) -> None:
 
 def _enqueue(settings: Settings, requests: list[queue.EnqueueRequest], install_id: str) -> None:
     engine = open_engine(settings)
-    result = queue.enqueue(engine, requests)
+    try:
+        result = queue.enqueue(engine, requests)
+    except queue.InvalidWorkRequest as exc:
+        fail(str(exc))
     console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
     asyncio.run(_wake(settings, install_id))
 
@@ -52,28 +55,24 @@ def _enqueue(settings: Settings, requests: list[queue.EnqueueRequest], install_i
 def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
     """Enqueue events from a JSON-lines FILE (one event object per line).
 
-    Keys: event_kind, idempotency_key, source_object, source_id, payload, and
-    optionally route_version, queue_class, target_object, target_remote_id.
+    Keys: event_kind, idempotency_key, source_object, source_id, payload (an
+    object), and optionally route_version, queue_class (interactive, default,
+    bulk), target_object, target_remote_id. The whole file is checked first:
+    any problem (listed by line) enqueues nothing. Limits: 64 MiB a file, 1 MiB
+    a line, 64 levels of JSON nesting.
     """
     settings = load_settings()
     row = connector_pack(settings, pack)
-    requests = []
     try:
-        lines = file.read_text().splitlines()
-    except OSError as exc:
-        fail(f"events file {file}: {exc.strerror or exc}")
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            requests.append(
-                queue.EnqueueRequest(
-                    installed_pack_id=row.install_id, namespace=row.namespace, **data
-                )
-            )
-        except (ValueError, TypeError) as exc:
-            fail(f"{file}:{n}: {exc}")
+        requests = read_event_file(file, installed_pack_id=row.install_id, namespace=row.namespace)
+    except EventFileError as exc:
+        fail(f"events file {file}: {exc}")
+    problems = unrouted(RouteResolver(require_engine(settings)), requests)
+    if problems:
+        fail(
+            f"events file {file}: {len(problems)} problem(s); nothing was enqueued\n  "
+            + "\n  ".join(problems)
+        )
     _enqueue(settings, requests, row.install_id)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
+from nexuscrm.connectors.knobs import QUEUE_CLASSES
 from nexuscrm.connectors.queue.locking import ENQUEUE_LOCK_NAME, _serialized
 from nexuscrm.connectors.queue.shapes import EnqueueRequest, EnqueueResult
 from nexuscrm.connectors.queue.vocabulary import (
@@ -58,33 +59,72 @@ def _next_seq(conn: Connection) -> int:
     )
 
 
+_TEXT_LIMITS = (
+    ("installed_pack_id", 64),
+    ("namespace", 128),
+    ("event_kind", 128),
+    ("idempotency_key", _KEY_LEN),
+    ("source_object", 128),
+    ("source_id", _KEY_LEN),
+)
+_OPTIONAL_LIMITS = (("target_object", 128), ("target_remote_id", _KEY_LEN))
+
+
+def _problems(req: EnqueueRequest) -> list[str]:
+    """Every reason ``req`` cannot be stored and processed (``[]``: it can)."""
+    out: list[str] = []
+    for name, limit in _TEXT_LIMITS:
+        value = getattr(req, name)
+        if not isinstance(value, str):
+            out.append(f"{name} must be a string, got {type(value).__name__} {value!r:.40}")
+        elif len(value) > limit:
+            out.append(f"{name} longer than {limit} characters: {value[:40]!r}...")
+    for name in ("installed_pack_id", "event_kind", "idempotency_key"):
+        if isinstance(getattr(req, name), str) and not getattr(req, name):
+            out.append(f"{name} is empty")
+    for name, limit in _OPTIONAL_LIMITS:
+        value = getattr(req, name)
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            out.append(f"{name} must be a string of at most {limit} characters, got {value!r:.40}")
+    rv = req.route_version
+    if isinstance(rv, bool) or not isinstance(rv, int) or not 1 <= rv <= 2**31 - 1:
+        out.append(f"route_version must be a whole number >= 1, got {rv!r:.40}")
+    if not isinstance(req.queue_class, str):
+        out.append(f"queue_class must be a string, got {req.queue_class!r:.40}")
+    else:
+        queue_class = normalize_queue_class(req.queue_class)
+        if queue_class not in QUEUE_CLASSES:
+            out.append(
+                f"queue_class {req.queue_class!r} is not a class any worker claims "
+                f"(one of {', '.join(QUEUE_CLASSES)}): it would stay pending forever"
+            )
+    if not isinstance(req.payload, dict):
+        out.append(
+            f"payload must be a JSON object, got {type(req.payload).__name__}: no flow can run it"
+        )
+    return out
+
+
 def _validate(req: EnqueueRequest) -> tuple[str, str]:
-    """Check one request; return (payload JSON, normalized queue class)."""
-    if not req.installed_pack_id:
-        raise InvalidWorkRequest("enqueue: installed_pack_id is empty")
-    if not req.idempotency_key:
-        raise InvalidWorkRequest(f"enqueue ({req.installed_pack_id}): idempotency_key is empty")
-    if len(req.idempotency_key) > _KEY_LEN:
-        raise InvalidWorkRequest(
-            f"enqueue ({req.installed_pack_id}): idempotency_key longer than {_KEY_LEN} "
-            f"characters: {req.idempotency_key[:40]}..."
-        )
-    if not req.event_kind:
-        raise InvalidWorkRequest(f"enqueue {req.idempotency_key}: event_kind is empty")
-    if len(req.source_id) > _KEY_LEN:
-        raise InvalidWorkRequest(
-            f"enqueue {req.idempotency_key}: source_id longer than {_KEY_LEN} characters"
-        )
-    queue_class = normalize_queue_class(req.queue_class)
-    if not queue_class:
-        raise InvalidWorkRequest(f"enqueue {req.idempotency_key}: queue_class is empty")
+    """Check one request; return (payload JSON, normalized queue class).
+
+    Raises ``InvalidWorkRequest`` naming the request (idempotency key) and
+    every problem: a field of the wrong type or too long for its column, an
+    empty pack / kind / key, a route version that is not a whole number >= 1,
+    a queue class no worker claims (it would stay pending forever), a payload
+    that is not a JSON object (no flow could run it) or not serializable.
+    """
+    problems = _problems(req)
+    key = req.idempotency_key if isinstance(req.idempotency_key, str) else repr(req.idempotency_key)
+    if problems:
+        raise InvalidWorkRequest(f"enqueue {key[:60]}: " + "; ".join(problems))
     try:
         payload = json.dumps(req.payload, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidWorkRequest(
-            f"enqueue {req.idempotency_key}: payload is not JSON-serializable: {exc}"
-        ) from exc
-    return payload, queue_class
+            f"enqueue {key[:60]}: payload is not JSON-serializable: {exc}"
+        ) from None
+    return payload, normalize_queue_class(req.queue_class)
 
 
 def _current_work_ids(conn: Connection, event_ids: Sequence[str]) -> dict[str, str]:
@@ -141,13 +181,26 @@ def enqueue(
     Safe to call from many threads and processes at once: batches serialize on
     the enqueue lock. A failed batch rolls back alone; earlier batches stay.
 
-    Raises ``InvalidWorkRequest`` (before writing anything) for a malformed
-    request, ``QueueLockTimeout`` when the enqueue lock is busy for 30 s, and
-    SQLAlchemy errors from the database.
+    Raises ``InvalidWorkRequest`` (before writing anything) listing every
+    malformed request (see :func:`_validate`), ``QueueLockTimeout`` when the
+    enqueue lock is busy for 30 s, and SQLAlchemy errors from the database.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    prepared = [(req, *_validate(req)) for req in requests]
+    prepared: list[tuple[EnqueueRequest, str, str]] = []
+    problems: list[str] = []
+    for req in requests:
+        try:
+            prepared.append((req, *_validate(req)))
+        except InvalidWorkRequest as exc:
+            problems.append(str(exc))
+    if problems:
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise InvalidWorkRequest(
+            f"{len(problems)} of {len(requests)} request(s) refused, nothing enqueued:\n  "
+            + "\n  ".join(problems[:20])
+            + more
+        )
     result = EnqueueResult(inserted=0, duplicates=0, work_ids=[])
     for start in range(0, len(prepared), batch_size):
         batch = prepared[start : start + batch_size]

@@ -1,0 +1,240 @@
+"""Inbound event files (JSON lines) and JSON data files, read whole and checked first.
+
+Used by ``nexusctl events enqueue`` (and, for :func:`load_json_file`, by the
+Salesforce DX data-plan importer). Nothing is enqueued unless the whole file is
+good: every problem of the file is collected, by line and field, and raised at
+once as one :class:`EventFileError`. Limits are checked before anything is
+parsed, so an endless or huge input (``/dev/zero``, a 100 MB line) fails at
+once with the limit it broke, long before the database or Temporal sees it.
+
+Limits (documented in the README's connector section):
+
+* a file is at most :data:`MAX_FILE_BYTES` (64 MiB);
+* one event line at most :data:`MAX_LINE_BYTES` (1 MiB, the largest payload
+  an event may carry);
+* JSON nesting at most :data:`MAX_JSON_DEPTH` (64) levels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from nexuscrm.connectors.knobs import QUEUE_CLASSES
+from nexuscrm.connectors.queue import EnqueueRequest, normalize_queue_class
+from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
+from nexuscrm.db import tables as t
+from nexuscrm.errors import NexusError
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+MAX_JSON_DEPTH = 64
+_SHOWN = 20  # problems listed before "... and N more"
+
+_Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+_Key = Annotated[str, StringConstraints(min_length=1, max_length=t.KEY)]
+
+
+class EventFileError(NexusError):
+    """A file of events (or a JSON data file) that cannot be used, with every problem.
+
+    ``problems`` are ``"<file>:<line>: <what>"`` strings (``"<file>: <what>"``
+    for the whole file), in file order; the message lists the first 20 and
+    counts the rest.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = problems[:_SHOWN]
+        more = f"\n  ... and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
+        head = f"{len(problems)} problem(s); nothing was enqueued"
+        super().__init__(head + "\n  " + "\n  ".join(shown) + more)
+
+
+class EventLine(BaseModel):
+    """One line of an events file (strict JSON types: a number is not a string).
+
+    ``event_kind``, ``source_object``, ``target_object``: 1-128 characters;
+    ``idempotency_key``, ``source_id``, ``target_remote_id``: 1-191;
+    ``payload``: a JSON object; ``route_version``: an integer >= 1;
+    ``queue_class``: one of ``interactive``, ``default``, ``bulk``. Unknown
+    keys are refused (a misspelt key would otherwise be dropped).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    event_kind: _Name
+    idempotency_key: _Key
+    source_object: _Name
+    source_id: _Key
+    payload: dict[str, Any]
+    route_version: int = Field(default=1, ge=1, le=2**31 - 1)
+    queue_class: str = "default"
+    target_object: _Name | None = None
+    target_remote_id: _Key | None = None
+
+
+def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
+    """The bytes of ``path``, refusing more than ``max_bytes`` (read stops there).
+
+    Raises :class:`EventFileError` naming the file for a missing or
+    unreadable file, a directory, or one over the limit (``/dev/zero`` too).
+    """
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise EventFileError([f"{path}: file not found"]) from None
+    except OSError as exc:
+        raise EventFileError([f"{path}: cannot read {what}: {exc.strerror or exc}"]) from None
+    if len(data) > max_bytes:
+        raise EventFileError(
+            [f"{path}: {what} is larger than the limit of {max_bytes // (1024 * 1024)} MiB"]
+        )
+    return data
+
+
+def json_depth_problem(value: Any) -> str | None:
+    """A message when ``value`` nests deeper than :data:`MAX_JSON_DEPTH`, else ``None``."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return None
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads``; ``ValueError`` saying ``invalid JSON at line L column C: why``,
+    or that it nests too deep for the parser."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def load_json_file(path: Path, what: str = "data file") -> Any:
+    """Parse ``path`` as one JSON document (UTF-8, at most :data:`MAX_FILE_BYTES`).
+
+    Raises :class:`EventFileError` naming the file: unreadable, too large,
+    not UTF-8 (with the byte offset), invalid JSON (line and column), or
+    nested deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    data = read_bounded(path, MAX_FILE_BYTES, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EventFileError([f"{path}: not UTF-8 (byte {exc.start})"]) from None
+    try:
+        value = parse_json(text)
+    except ValueError as exc:
+        raise EventFileError([f"{path}: {exc}"]) from None
+    problem = json_depth_problem(value)
+    if problem:
+        raise EventFileError([f"{path}: {problem}"])
+    return value
+
+
+def _field_problems(where: str, exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(line)"
+        given = err.get("input")
+        shown = repr(given)[:60] if err["type"] != "missing" else ""
+        out.append(f"{where}: {loc}: {err['msg']}" + (f" (got {shown})" if shown else ""))
+    return out
+
+
+def read_event_file(path: Path, *, installed_pack_id: str, namespace: str) -> list[EnqueueRequest]:
+    """Every event of the JSON-lines file ``path``, as requests for one pack.
+
+    One JSON object per line (blank lines skipped), keys as
+    :class:`EventLine`. The whole file is read and checked before anything
+    is returned: raises :class:`EventFileError` listing every problem (file
+    unreadable or over :data:`MAX_FILE_BYTES`, a line that is not UTF-8,
+    longer than :data:`MAX_LINE_BYTES`, not JSON, nested deeper than
+    :data:`MAX_JSON_DEPTH`, not an object, or with a missing, mistyped,
+    too long or unknown field, or an unknown queue class).
+    """
+    data = read_bounded(path, MAX_FILE_BYTES, "events file")
+    problems: list[str] = []
+    requests: list[EnqueueRequest] = []
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        where = f"{path}:{n}"
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_LINE_BYTES:
+            problems.append(
+                f"{where}: line of {len(raw)} bytes is over the limit of {MAX_LINE_BYTES} bytes"
+            )
+            continue
+        try:
+            value = parse_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problems.append(f"{where}: not UTF-8 (byte {exc.start} of the line)")
+            continue
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        depth = json_depth_problem(value)
+        if depth:
+            problems.append(f"{where}: {depth}")
+            continue
+        if not isinstance(value, dict):
+            problems.append(f"{where}: an event must be a JSON object, got {type(value).__name__}")
+            continue
+        try:
+            line = EventLine.model_validate(value)
+        except ValidationError as exc:
+            problems += _field_problems(where, exc)
+            continue
+        queue_class = normalize_queue_class(line.queue_class)
+        if queue_class not in QUEUE_CLASSES:
+            problems.append(
+                f"{where}: queue_class: {line.queue_class!r} is not a queue class a worker "
+                f"claims (one of {', '.join(QUEUE_CLASSES)})"
+            )
+            continue
+        requests.append(
+            EnqueueRequest(
+                installed_pack_id=installed_pack_id,
+                namespace=namespace,
+                queue_class=queue_class,
+                **line.model_dump(exclude={"queue_class"}),
+            )
+        )
+    if problems:
+        raise EventFileError(problems)
+    return requests
+
+
+def unrouted(resolver: RouteResolver, requests: list[EnqueueRequest]) -> list[str]:
+    """Problems for the requests whose pack has no route for their kind and version.
+
+    Such an event could only ever fail ``route-not-found``; refusing it at
+    enqueue says so while the sender can still fix it. One problem per
+    distinct (kind, version), naming the pack's routes.
+    """
+    seen: set[tuple[str, str, int]] = set()
+    problems: list[str] = []
+    for req in requests:
+        key = (req.installed_pack_id, req.event_kind, req.route_version)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            resolver.resolve(req.installed_pack_id, req.event_kind, req.route_version)
+        except RouteNotFoundError as exc:
+            problems.append(f"event_kind {req.event_kind!r} v{req.route_version}: {exc}")
+    return problems

@@ -1,0 +1,196 @@
+"""Hostile input at the event entry points: ``events enqueue`` and ``events import-sfdx-data``.
+
+Each bad file gives one clear error naming the file, the line (or record) and
+the field, a non-zero exit, no traceback, and nothing half-enqueued: the
+event and work-item tables are counted after every case (the source of truth,
+not the CLI's own words). SQLite and MariaDB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from nexuscrm.connectors import queue
+from nexuscrm.connectors.eventfile import MAX_LINE_BYTES
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from tests.builders import SF_SYNC, cli_env, install, invoke_async
+
+
+def good(n: int, **over: Any) -> dict[str, Any]:
+    """A valid salesforce-sync upsert event line."""
+    line: dict[str, Any] = {
+        "event_kind": "salesforce.record.upsert",
+        "idempotency_key": f"Account:h{n}",
+        "source_object": "Account",
+        "source_id": f"h{n}",
+        "payload": {"sobject": "Account", "remote_id": f"h{n}", "fields": {"Name": f"H {n}"}},
+    }
+    line.update(over)
+    return line
+
+
+def lines(*rows: Any) -> bytes:
+    return b"\n".join(r if isinstance(r, bytes) else json.dumps(r).encode() for r in rows) + b"\n"
+
+
+def _crashed(res: Any) -> bool:
+    """The command raised something other than its own exit (an uncaught error)."""
+    return res.exception is not None and not isinstance(res.exception, SystemExit)
+
+
+def counts(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        events = conn.execute(select(func.count()).select_from(t.connector_event)).scalar_one()
+        items = conn.execute(select(func.count()).select_from(t.connector_work_item)).scalar_one()
+    return int(events), int(items)
+
+
+DEEP = b"[" * 50_000 + b"]" * 50_000
+
+# name -> (file bytes, substrings the one error must contain)
+ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
+    "integer idempotency_key": (lines(good(1, idempotency_key=17)), [":1:", "idempotency_key"]),
+    "integer source_id": (lines(good(1), good(2, source_id=5)), [":2:", "source_id"]),
+    "integer queue_class": (lines(good(1, queue_class=3)), [":1:", "queue_class"]),
+    "unknown queue_class": (lines(good(1, queue_class="urgent")), ["queue_class", "'urgent'"]),
+    "non-numeric route_version": (lines(good(1, route_version="two")), ["route_version"]),
+    "route_version zero": (lines(good(1, route_version=0)), ["route_version"]),
+    "event_kind too long": (lines(good(1, event_kind="k" * 300)), ["event_kind", "128"]),
+    "source_object too long": (lines(good(1, source_object="O" * 300)), ["source_object"]),
+    "payload a string": (lines(good(1, payload="just text")), ["payload", "dictionary"]),
+    "payload a list": (lines(good(1, payload=[1, 2])), ["payload"]),
+    "not an object": (lines([1, 2, 3]), [":1:", "must be a JSON object"]),
+    "invalid UTF-8": (lines(good(1), b'{"event_kind": "\xff\xfe"}'), [":2:", "not UTF-8"]),
+    "malformed JSON": (
+        lines(good(1), b'{"event_kind": '),
+        [":2:", "invalid JSON at line 1 column"],
+    ),
+    "nested 50,000 deep": (lines(DEEP), [":1:", "nested deeper than 64"]),
+    "unknown key": (lines(good(1, payloads={})), ["payloads", "Extra inputs"]),
+    "huge line": (
+        lines(good(1, payload={"x": "y" * (MAX_LINE_BYTES + 10)})),
+        [":1:", f"over the limit of {MAX_LINE_BYTES} bytes"],
+    ),
+    "bad half-way": (
+        lines(*[good(i) for i in range(1, 500)], good(500, payload="oops"), good(501)),
+        [":500:", "payload", "nothing was enqueued"],
+    ),
+    "unknown event kind": (
+        lines(good(1, event_kind="salesforce.record.explode")),
+        ["salesforce.record.explode", "no route"],
+    ),
+    "several problems at once": (
+        lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),
+        [":1:", ":3:", ":4:", "3 problem(s)"],
+    ),
+}
+
+
+async def test_events_enqueue_refuses_hostile_files_whole_with_one_clear_error(
+    temporal_env: Any, settings: Any, tmp_path: Path
+) -> None:
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    env = cli_env(settings, temporal_env)
+    failures = []
+    for name, (data, expected) in ENQUEUE_CASES.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.jsonl"
+        path.write_bytes(data)
+        res = await invoke_async(["events", "enqueue", str(path)], env)
+        out = res.output
+        problems = [
+            f"exit {res.exit_code}" if res.exit_code != 1 else "",
+            "traceback" if "Traceback" in out or _crashed(res) else "",
+            f"error does not name the file {path}" if str(path) not in out else "",
+            *(f"missing {e!r}" for e in expected if e not in out),
+            f"enqueued something: {counts(engine)}" if counts(engine) != (0, 0) else "",
+        ]
+        problems = [p for p in problems if p]
+        if problems:
+            failures.append(f"{name}: {problems}\n{out[:600]}")
+    for special in ("/dev/zero", str(tmp_path / "missing.jsonl"), str(tmp_path)):
+        res = await invoke_async(["events", "enqueue", special], env)
+        if res.exit_code != 1 or special not in res.output or "Traceback" in res.output:
+            failures.append(f"{special}: exit {res.exit_code}\n{res.output[:400]}")
+    assert not failures, "\n\n".join(failures)
+    assert counts(engine) == (0, 0)
+    # the same events, fixed, go in
+    path = tmp_path / "fixed.jsonl"
+    path.write_bytes(lines(*[good(i) for i in range(1, 502)]))
+    res = await invoke_async(["events", "enqueue", str(path)], env)
+    assert res.exit_code == 0, res.output
+    assert "enqueued 501 event(s)" in res.output
+    assert counts(engine) == (501, 501)
+
+
+def test_enqueue_refuses_what_no_worker_can_process(db_url: str) -> None:
+    """The library entry point too: a payload that is not an object and a queue
+    class no worker claims are refused (both would sit or fail forever), every
+    request named at once, nothing written."""
+    from nexuscrm.controlplane.metadata import ensure_system_schema
+    from tests.builders import event
+
+    engine = make_engine(db_url)
+    ensure_system_schema(engine)
+    reqs = [
+        event("p", "ok"),
+        event("p", "str", payload="text"),  # type: ignore[arg-type]
+        event("p", "cls", queue_class="urgent"),
+        event("p", "rv", route_version="1"),  # type: ignore[arg-type]
+    ]
+    try:
+        queue.enqueue(engine, reqs)
+    except queue.InvalidWorkRequest as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("enqueue accepted unprocessable requests")
+    assert "3 of 4 request(s) refused" in message
+    assert "enqueue str: payload must be a JSON object" in message
+    assert "enqueue cls: queue_class 'urgent'" in message
+    assert "enqueue rv: route_version" in message
+    assert counts(engine) == (0, 0)
+
+
+PLAN_CASES: dict[str, tuple[bytes, list[str]]] = {
+    "invalid UTF-8": (b'[{"sobject": "Account", "files": ["\xff.json"]}]', ["not UTF-8"]),
+    "nested 50,000 deep": (DEEP, ["nested deeper than 64"]),
+    "not a list": (b'{"sobject": "Account"}', ["JSON array"]),
+    "integer sobject": (b'[{"sobject": 5, "files": ["a.json"]}]', ["'sobject' must be a string"]),
+}
+
+
+async def test_import_sfdx_data_refuses_hostile_plans_with_one_clear_error(
+    temporal_env: Any, settings: Any, tmp_path: Path
+) -> None:
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    env = cli_env(settings, temporal_env)
+    failures = []
+    records = tmp_path / "records.json"
+    records.write_text(
+        json.dumps(
+            {"records": [{"attributes": {"type": "Account", "referenceId": 7}, "Name": "A"}]}
+        )
+    )
+    cases = dict(PLAN_CASES)
+    cases["integer referenceId"] = (
+        json.dumps([{"sobject": "Account", "files": ["records.json"]}]).encode(),
+        ["records.json", "referenceId"],
+    )
+    for name, (data, expected) in cases.items():
+        plan = tmp_path / f"{name.replace(' ', '_')}.json"
+        plan.write_bytes(data)
+        res = await invoke_async(["events", "import-sfdx-data", str(plan)], env)
+        missing = [e for e in expected if e not in res.output]
+        if res.exit_code != 1 or missing or "Traceback" in res.output:
+            failures.append(f"{name}: exit {res.exit_code}, missing {missing}\n{res.output[:400]}")
+    res = await invoke_async(["events", "import-sfdx-data", "/dev/zero"], env)
+    if res.exit_code != 1 or "/dev/zero" not in res.output or "64 MiB" not in res.output:
+        failures.append(f"/dev/zero: exit {res.exit_code}\n{res.output[:400]}")
+    assert not failures, "\n\n".join(failures)
+    assert counts(engine) == (0, 0)
