@@ -141,7 +141,7 @@ def test_enqueue_refuses_what_no_worker_can_process(db_url: str) -> None:
         event("p", "ok"),
         event("p", "str", payload="text"),  # type: ignore[arg-type]
         event("p", "cls", queue_class="urgent"),
-        event("p", "rv", route_version="1"),  # type: ignore[arg-type]
+        event("p", "rv", route_version="1"),
     ]
     try:
         queue.enqueue(engine, reqs)
