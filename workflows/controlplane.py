@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         PlanRequest,
         RepairRequest,
         VerifyRequest,
+        heartbeat_timeout_problem,
     )
 
 PHASE_KEY = SearchAttributeKey.for_keyword("NexusPhase")
@@ -132,6 +133,9 @@ class _PhaseRunner:
             workflow.logger.error("could not persist failed marker: %s", _cause(err))
 
     async def _start(self, heartbeat_s: float) -> None:
+        problem = heartbeat_timeout_problem(heartbeat_s)
+        if problem:  # before any command: an unschedulable phase would hold the database
+            raise ApplicationError(problem, non_retryable=True)
         self.run_id = workflow.info().run_id
         self.heartbeat = timedelta(seconds=heartbeat_s)
         database_id = workflow.info().workflow_id.removeprefix("controlplane/")

@@ -27,6 +27,7 @@ from nexuscrm.contracts.connectors import (
     WorkerStatus,
 )
 from nexuscrm.contracts.controlplane import (
+    HEARTBEAT_TIMEOUT_RANGE_S,
     ApplyAllInput,
     ApplyAllResult,
     ApplyPacksRequest,
@@ -38,6 +39,7 @@ from nexuscrm.contracts.controlplane import (
     PlanRequest,
     RepairRequest,
     VerifyRequest,
+    heartbeat_timeout_problem,
 )
 from nexuscrm.contracts.identity import (
     BlockedWait,
@@ -54,6 +56,7 @@ from nexuscrm.contracts.identity import (
 )
 
 __all__ = [
+    "HEARTBEAT_TIMEOUT_RANGE_S",
     "ApplyAllInput",
     "ApplyAllResult",
     "ApplyPacksRequest",
@@ -90,4 +93,5 @@ __all__ = [
     "WaitNotifyRequest",
     "WakeResult",
     "WorkerStatus",
+    "heartbeat_timeout_problem",
 ]

@@ -10,7 +10,31 @@ so string annotations could not be resolved there (``NameError`` while
 decoding arguments).
 """
 
+import math
 from dataclasses import dataclass, field
+
+HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 3600.0)
+"""Accepted heartbeat timeouts of the control-plane phases, in seconds (inclusive)."""
+
+
+def heartbeat_timeout_problem(seconds: object) -> str | None:
+    """Why ``seconds`` is not a usable phase heartbeat timeout (``None``: it is).
+
+    It must be a finite number within :data:`HEARTBEAT_TIMEOUT_RANGE_S`: a
+    negative, zero, NaN, infinite or huge value would start a workflow whose
+    first activity can never be scheduled, holding the database's control
+    plane until someone terminates it.
+    """
+    lo, hi = HEARTBEAT_TIMEOUT_RANGE_S
+    ok = (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and lo <= seconds <= hi
+    )
+    if ok:
+        return None
+    return f"heartbeat timeout must be {lo:g} to {hi:g} seconds, got {seconds!r}"
 
 
 @dataclass

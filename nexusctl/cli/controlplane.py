@@ -22,7 +22,13 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, OperationInput, PhaseReport
+from nexuscrm.contracts import (
+    ApplyAllInput,
+    ApplyAllResult,
+    OperationInput,
+    PhaseReport,
+    heartbeat_timeout_problem,
+)
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
     QUERY_TIMEOUT,
@@ -222,12 +228,26 @@ async def run_operation(
 # commands
 
 
+def _heartbeat_timeout(value: float) -> float:
+    """Typer callback: refuse an unusable ``--heartbeat-timeout`` before anything starts."""
+    problem = heartbeat_timeout_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
 def apply_all(
     app_pack: AppPack = None,
     dev_sample: DevSample = None,
     wait: Annotated[bool, typer.Option(help="Wait and show progress; exit 1 on failure.")] = False,
     policy: Annotated[str, typer.Option(help="always_apply or auto_start.")] = "always_apply",
-    heartbeat_timeout: Annotated[float, typer.Option(help="Seconds.")] = 30.0,
+    heartbeat_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a phase may go without a heartbeat (1 to 3600).",
+            callback=_heartbeat_timeout,
+        ),
+    ] = 30.0,
     attach: Annotated[
         bool,
         typer.Option(

@@ -1,0 +1,56 @@
+"""Hostile values for the control plane's numeric inputs (issue 17 item 2), on both backends.
+
+``--heartbeat-timeout`` of -1, 0, nan, inf or 1e300 used to start an ApplyAll
+whose first activity could never be scheduled: ``--wait`` hung and every later
+control-plane command on the database was refused as already running. The
+CLI now refuses the value before anything starts; a workflow started with it
+by hand (the ``temporal`` CLI, a client) fails at once, naming the value, and
+leaves the database's control plane free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from nexuscrm.contracts import ApplyAllInput
+from nexusctl.temporal import start_controlplane
+from nexusctl.worker import build_worker
+from tests.builders import apply_all, cli_env, executions, invoke_async
+
+BAD = ["-1", "0", "nan", "inf", "1e300", "0.5"]
+
+
+async def test_cli_refuses_unusable_heartbeat_timeouts_before_starting(
+    temporal_env: Any, settings: Any
+) -> None:
+    env = cli_env(settings, temporal_env)
+    for value in BAD:
+        res = await invoke_async(["apply-all", "--heartbeat-timeout", value], env)
+        assert res.exit_code == 2, (value, res.output)
+        assert "heartbeat timeout must be 1 to 3600 seconds" in res.output, res.output
+        assert "Traceback" not in res.output
+    started = await executions(
+        temporal_env.client, f"WorkflowId = '{settings.controlplane_workflow_id}'"
+    )
+    assert started == []
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), 1e300])
+async def test_a_workflow_started_by_hand_with_one_fails_at_once_and_frees_the_database(
+    temporal_env: Any, settings: Any, value: float
+) -> None:
+    async with build_worker(temporal_env.client, settings):
+        handle = await start_controlplane(
+            temporal_env.client,
+            settings,
+            "ApplyAll",
+            ApplyAllInput(heartbeat_timeout_seconds=value),
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await handle.result()
+    assert "heartbeat timeout must be 1 to 3600 seconds" in str(info.value.cause)
+    result = await apply_all(temporal_env, settings)  # the database is not held
+    assert result.status == "completed"
