@@ -67,13 +67,20 @@ async def connect(settings: Settings) -> Client:
 
     The client's failure converter bounds every failure it sends
     (:mod:`nexusctl.failures`), so the workers it builds never send one the
-    server refuses.
+    server refuses. Raises ``NexusError`` naming ``NEXUS_TEMPORAL_ADDRESS``
+    when the address cannot be parsed; ``RuntimeError`` when nothing answers.
     """
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=DATA_CONVERTER,
-    )
+    try:
+        return await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=DATA_CONVERTER,
+        )
+    except ValueError as exc:  # the SDK's parse of the target (host:port)
+        raise NexusError(
+            f"NEXUS_TEMPORAL_ADDRESS {settings.temporal_address!r} is not a host:port "
+            f"address ({exc})"
+        ) from None
 
 
 async def ensure_search_attributes(client: Client) -> None:

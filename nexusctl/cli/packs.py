@@ -80,9 +80,11 @@ def import_sfdx(
         warn(problem)
     _check_dependencies(pack, platform)
     if out is not None:
-        out.write_text(
-            yaml.safe_dump(pack.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
-        )
+        text = yaml.safe_dump(pack.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"--out {out}: cannot write the pack: {exc.strerror or exc}")
         console.print(f"wrote {out}")
 
 

@@ -54,3 +54,29 @@ async def test_a_workflow_started_by_hand_with_one_fails_at_once_and_frees_the_d
     assert "heartbeat timeout must be 1 to 3600 seconds" in str(info.value.cause)
     result = await apply_all(temporal_env, settings)  # the database is not held
     assert result.status == "completed"
+
+
+async def test_unusable_temporal_address_and_out_path_are_one_line_errors(
+    settings: Any, tmp_path: Any
+) -> None:
+    """``NEXUS_TEMPORAL_ADDRESS=garbage:::1`` and an ``--out`` in a missing folder
+    used to end in tracebacks; each is one ``error:`` line naming the value."""
+    from tests.builders import corpus_project
+
+    env = {**cli_env(settings), "NEXUS_TEMPORAL_ADDRESS": "garbage:::1"}
+    res = await invoke_async(["apply-all"], env)
+    assert res.exit_code == 1, res.output
+    assert "NEXUS_TEMPORAL_ADDRESS 'garbage:::1' is not a host:port address" in res.output
+    assert "Traceback" not in res.output and not _crashed(res)
+    out = tmp_path / "missing" / "dir" / "pack.yaml"
+    res = await invoke_async(
+        ["packs", "import-sfdx", str(corpus_project("ebikes-lwc")), "--out", str(out)],
+        cli_env(settings),
+    )
+    assert res.exit_code == 1, res.output
+    assert f"--out {out}: cannot write the pack" in res.output
+    assert not _crashed(res)
+
+
+def _crashed(res: Any) -> bool:
+    return res.exception is not None and not isinstance(res.exception, SystemExit)
