@@ -45,8 +45,18 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
-def fresh_database_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A brand-new empty database of ``backend``; dropped afterwards (MySQL)."""
+def fresh_database_url(
+    backend: str,
+    tmp_path: Path,
+    *,
+    character_set: str = "utf8mb4",
+    collation: str | None = None,
+) -> Iterator[str]:
+    """A brand-new empty database of ``backend``; dropped afterwards (MySQL).
+
+    MySQL: created with ``character_set`` (and ``collation`` when given) as its
+    defaults, as a platform team's database might be.
+    """
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'nexus.db'}"
         return
@@ -55,7 +65,8 @@ def fresh_database_url(backend: str, tmp_path: Path) -> Iterator[str]:
     name = f"nexus_t_{uuid.uuid4().hex[:10]}"
     admin = make_engine(MYSQL_URL)
     with admin.begin() as conn:
-        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        collate = f" COLLATE {collation}" if collation else ""
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET {character_set}{collate}"))
     try:
         yield make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False)
     finally:
