@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
@@ -229,8 +230,10 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     Domain ``FatalError``s become non-retryable ``ApplicationError``s whose
     type is the exception's class name (``ManifestError``, ``LeaseLostError``
     ...), so workflows and operators can tell them apart. Transient database
-    errors propagate and are retried with backoff; other unexpected errors
-    are retried too, up to the policy's attempts. A cancellation propagates
+    errors propagate and are retried with backoff; other database and I/O
+    errors are retried up to the policy's attempts unless known permanent
+    (:func:`~nexuscrm.db.dialect.is_permanent`); any other exception fails
+    at once (non-retryable): it would repeat identically. A cancellation propagates
     as a cancellation. Messages are bounded (:data:`MAX_MESSAGE_CHARS`).
     """
 
@@ -253,11 +256,16 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
         except Exception as exc:
             if is_transient(exc):
                 raise
-            # Constraint and data errors repeat identically on retry: fail now.
+            # Retried (with backoff, up to the policy's attempts) only when a
+            # retry might help: a database or I/O error not known to repeat.
+            # A permanent database error (constraint, syntax, collation ...)
+            # and any other exception (a bug, RecursionError, MemoryError on
+            # hostile input) would repeat identically: fail now.
+            retry = isinstance(exc, DBAPIError | OSError) and not is_permanent(exc)
             raise ApplicationError(
                 bounded(describe_error(exc, with_type=False)),
                 type=type(exc).__name__,
-                non_retryable=is_permanent(exc),
+                non_retryable=not retry,
             ) from exc
         finally:
             _TICKER.reset(token)

@@ -154,13 +154,29 @@ def is_transient(exc: BaseException) -> bool:
 PERMANENT_DB_ERRORS = (IntegrityError, DataError)
 
 
-# Access denied, unknown database: no retry fixes a wrong credential or name.
-_PERMANENT_MYSQL_CODES = {1044, 1045, 1049}
+# No retry fixes these: a wrong credential or name, SQL the server refuses
+# (syntax, unknown column, illegal mix of collations, a row too large), or
+# a value it cannot store.
+_PERMANENT_MYSQL_CODES = {
+    1044,  # access denied to the database
+    1045,  # access denied for the user
+    1049,  # unknown database
+    1054,  # unknown column
+    1064,  # SQL syntax
+    1118,  # row size too large
+    1264,  # out of range value
+    1267,  # illegal mix of collations
+    1271,  # illegal mix of collations (3 operands)
+    1292,  # incorrect date/time value
+    1366,  # incorrect string value (character set)
+    1406,  # data too long
+}
 
 
 def is_permanent(exc: BaseException) -> bool:
     """True for database errors that repeat identically on retry (constraint,
-    data, access denied, unknown database)."""
+    data, access denied, unknown database or column, SQL syntax, illegal mix
+    of collations, row size too large, a value the column cannot store)."""
     if isinstance(exc, PERMANENT_DB_ERRORS):
         return True
     args: tuple[Any, ...] = tuple(getattr(getattr(exc, "orig", None), "args", ()))

@@ -114,13 +114,70 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+"""Largest pack manifest file read (bytes); a larger one is refused before parsing."""
+MAX_YAML_NODES = 1_000_000
+"""Most YAML nodes a manifest may expand to through aliases (an alias bomb is refused)."""
+
+
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(str(path), f"not UTF-8 text: {exc}") from exc
+        with path.open("rb") as fh:
+            data = fh.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            str(path), f"larger than the limit of {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(str(path), f"not UTF-8 text: {exc}") from exc
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """How many nodes ``root`` stands for once every alias is expanded (capped).
+
+    Aliases make the composed document a graph: counted with a memo per node,
+    in time linear in the file, so a 15 KB alias bomb is measured, never built.
+    Stops counting past :data:`MAX_YAML_NODES`.
+    """
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        sizes[id(node)] = min(MAX_YAML_NODES + 1, 1 + sum(sizes.get(id(c), 1) for c in children))
+    return sizes[id(root)]
+
+
+def _load_yaml(path: Path, text: str) -> Any:
+    """Compose, measure (:func:`_expanded_nodes`), then construct one YAML document."""
+    loader = _ManifestYamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_nodes(node) > MAX_YAML_NODES:
+            raise ManifestError(
+                str(path),
+                f"expands to more than {MAX_YAML_NODES:,} YAML nodes through aliases "
+                "(an alias bomb?); write the values out instead",
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _parse_document(path: Path) -> Any:
@@ -128,6 +185,8 @@ def _parse_document(path: Path) -> Any:
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text, object_pairs_hook=_json_object)
+        except RecursionError:
+            raise ManifestError(str(path), "JSON nested too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise ManifestError(
                 str(path), f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
@@ -136,7 +195,9 @@ def _parse_document(path: Path) -> Any:
             raise ManifestError(str(path), f"JSON error: found duplicate key {exc.key!r}") from exc
     try:
         # A SafeLoader subclass: no Python object tags are constructed.
-        return yaml.load(text, Loader=_ManifestYamlLoader)
+        return _load_yaml(path, text)
+    except RecursionError:
+        raise ManifestError(str(path), "YAML nested too deeply to read") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

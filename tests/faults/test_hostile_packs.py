@@ -1,0 +1,84 @@
+"""Hostile pack manifests (issue 17 items 5 and 6): an alias bomb, deep nesting and
+an oversized file are refused at once, naming the file and the cause, without
+exhausting memory and without being retried as if transient."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from nexuscrm.contracts import ApplyAllInput
+from nexuscrm.errors import ManifestError
+from nexuscrm.packs.loader import MAX_MANIFEST_BYTES, load_native
+from nexusctl.temporal import start_controlplane
+from nexusctl.worker import build_worker
+
+
+def alias_bomb(path: Path) -> Path:
+    """A ~15 KB YAML whose aliases stand for 10^9 items (9 levels of 10 x 10)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, 10):
+        refs = ", ".join([f"*a{level - 1}"] * 10)
+        lines.append(f"a{level}: &a{level} [{refs}]")
+    lines.append("name: bomb\nversion: 1.0.0\ncategory: AppPack\nobjects: *a9")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_alias_bomb_is_measured_not_built(tmp_path: Path) -> None:
+    bomb = alias_bomb(tmp_path / "pack.yaml")
+    tracemalloc.start()
+    started = time.monotonic()
+    with pytest.raises(ManifestError, match="alias bomb") as info:
+        load_native(bomb)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert str(bomb) in str(info.value)
+    assert time.monotonic() - started < 10
+    assert peak < 50 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "message"),
+    [
+        ("deep.yaml", "a: " + "[" * 20_000 + "]" * 20_000 + "\n", "nested too deeply"),
+        ("deep.json", "[" * 50_000 + "]" * 50_000, "nested too deeply"),
+        ("big.yaml", "# " + "x" * (MAX_MANIFEST_BYTES + 10) + "\n", "larger than the limit"),
+    ],
+)
+def test_deep_or_huge_manifests_are_refused_naming_the_file(
+    tmp_path: Path, name: str, body: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(ManifestError, match=message) as info:
+        load_native(path)
+    assert str(path) in str(info.value)
+
+
+async def test_applyall_fails_an_alias_bomb_at_once_without_retrying(
+    temporal_env: Any, settings: Any, tmp_path: Path
+) -> None:
+    bomb = alias_bomb(tmp_path / "pack.yaml")
+    async with build_worker(temporal_env.client, settings):
+        handle = await start_controlplane(
+            temporal_env.client,
+            settings,
+            "ApplyAll",
+            ApplyAllInput(app_pack_sources=[str(bomb)]),
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await handle.result()
+    cause = str(info.value.cause)
+    assert "alias bomb" in cause and str(bomb) in cause
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert attempts and max(attempts) == 1, attempts  # no phase was retried
