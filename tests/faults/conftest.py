@@ -1,0 +1,144 @@
+"""Fixtures of the fault suite: a MariaDB of the suite's own, which tests may restart.
+
+The shared MariaDB (``NEXUS_TEST_MYSQL_URL``) is never restarted: a test that
+needs a database going away gets :class:`OwnMariaDB`, a ``mariadbd`` on a free
+port with its data directory under the session's temporary folder, started
+with ``--no-defaults`` so nothing of the machine's configuration leaks in.
+Skipped (with the reason) where ``mariadb-install-db`` / ``mariadbd`` are not
+installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from nexuscrm.db.engine import make_engine
+
+MARIADBD = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
+INSTALL_DB = shutil.which("mariadb-install-db")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OwnMariaDB:
+    """A private ``mariadbd``: start, stop (clean or SIGKILL), restart; fresh databases.
+
+    ``url(name)`` is a ``mysql+pymysql`` URL of database ``name`` (root, no
+    password); ``database()`` creates a new utf8mb4 database and returns its URL.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = root / "server.log"
+
+    def install(self) -> None:
+        assert INSTALL_DB is not None
+        subprocess.run(
+            [
+                INSTALL_DB,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it answers (60 s at most)."""
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    MARIADBD,
+                    "--no-defaults",
+                    f"--datadir={self.data}",
+                    f"--port={self.port}",
+                    "--bind-address=127.0.0.1",
+                    f"--socket={self.root / 'mysqld.sock'}",
+                    f"--pid-file={self.root / 'mysqld.pid'}",
+                    "--user=root",
+                    "--innodb-buffer-pool-size=64M",
+                    "--skip-log-bin",
+                    "--max-connections=500",
+                ],
+                stdout=log,
+                stderr=log,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+                engine = make_engine(self.url(""))
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+                engine.dispose()
+                return
+            except Exception:
+                time.sleep(0.2)
+        raise AssertionError(f"own MariaDB did not start: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: InnoDB recovers at the next start)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        """A clean shutdown (SIGTERM)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+    def restart(self, *, crash: bool = True, down_seconds: float = 1.0) -> None:
+        """Stop (SIGKILL when ``crash``), stay down ``down_seconds``, start again."""
+        self.kill() if crash else self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+    def url(self, database: str) -> str:
+        return f"mysql+pymysql://root@127.0.0.1:{self.port}/{database}"
+
+    def database(self) -> str:
+        name = f"nexus_f_{uuid.uuid4().hex[:10]}"
+        engine = make_engine(self.url(""))
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        engine.dispose()
+        return self.url(name)
+
+
+@pytest.fixture(scope="session")
+def own_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnMariaDB]:
+    """The suite's own MariaDB (session-wide; tests may restart it)."""
+    if INSTALL_DB is None or not Path(MARIADBD).exists():
+        pytest.skip("mariadb-install-db / mariadbd are not installed")
+    server = OwnMariaDB(tmp_path_factory.mktemp("own-mariadb"))
+    server.install()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
