@@ -10,6 +10,7 @@ installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import pytest
 from sqlalchemy import text
 
 from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
 
 MARIADBD = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
 INSTALL_DB = shutil.which("mariadb-install-db")
@@ -142,3 +144,71 @@ def own_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnMariaDB
         yield server
     finally:
         server.stop()
+
+
+class OwnTemporal:
+    """A private Temporal dev server with its state in a file: SIGKILL it, start it again.
+
+    ``address`` is ``127.0.0.1:<port>``; history survives a restart (the
+    server's SQLite file), as it does for a real cluster's persistence.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stack: contextlib.ExitStack | None = None
+
+    def _settings(self) -> Settings:
+        return Settings(temporal_address=self.address)
+
+    def start(self) -> None:
+        from nexusctl.devserver import dev_server
+
+        self._stack = contextlib.ExitStack()
+        self.proc = self._stack.enter_context(
+            dev_server(self._settings(), ui=False, state_dir=self.root)
+        )
+        assert self.proc is not None, f"something already answers at {self.address}"
+        # Accepting connections is not serving: wait until the frontend says so.
+        from nexusctl.temporal import temporal_binary
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            health = subprocess.run(
+                [temporal_binary(), "operator", "cluster", "health", "--address", self.address],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if health.returncode == 0 and "SERVING" in health.stdout:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"own Temporal server at {self.address} never became healthy")
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def restart(self, down_seconds: float = 1.0) -> None:
+        self.kill()
+        time.sleep(down_seconds)
+        self.start()
+
+
+@pytest.fixture
+def own_temporal(tmp_path: Path) -> Iterator[OwnTemporal]:
+    """A dev server of this test's own (tests may kill and restart it)."""
+    server = OwnTemporal(tmp_path / "temporal")
+    server.root.mkdir()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()

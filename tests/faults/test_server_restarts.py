@@ -1,0 +1,149 @@
+"""The Temporal server crashes (SIGKILL) and comes back with its state (issue 17,
+restarts): during inbound processing and while identity waits are parked,
+everything resumes and finishes without loss. Counted from the database."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from nexuscrm import catalog
+from nexuscrm.connectors import queue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
+from nexusctl.temporal import connect, start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.builders import SF_SYNC, apply_all, connector_settings, fast_fleet, record_upsert
+from tests.faults.conftest import OwnTemporal
+
+
+@dataclass
+class _Env:
+    """The part of a ``WorkflowEnvironment`` the builders use: its client."""
+
+    client: Any
+
+
+def states(engine: Engine) -> dict[str, int]:
+    w = t.connector_work_item
+    try:
+        with engine.connect() as conn:
+            return dict(conn.execute(select(w.c.State, func.count()).group_by(w.c.State)).all())
+    except SQLAlchemyError:
+        return {}
+
+
+async def wait_for(engine: Engine, done: Any, timeout: float) -> dict[str, int]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        now = states(engine)
+        if done(now):
+            return now
+        await asyncio.sleep(0.2)
+    return states(engine)
+
+
+def applied_twice(engine: Engine) -> list[Any]:
+    a = t.connector_work_attempt
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(a.c.WorkId)
+                .where(a.c.OutcomeState == "succeeded")
+                .group_by(a.c.WorkId)
+                .having(func.count() > 1)
+            ).all()
+        )
+
+
+async def setup(own: OwnTemporal, settings: Settings) -> tuple[Settings, Any, Engine, Any]:
+    settings = connector_settings(settings).model_copy(update={"temporal_address": own.address})
+    client = await connect(settings)
+    catalog.CACHE.invalidate()
+    await apply_all(_Env(client), settings, app_pack_sources=[str(SF_SYNC)])  # type: ignore[arg-type]
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    return settings, client, engine, pack
+
+
+async def test_server_crash_during_inbound_processing(
+    own_temporal: OwnTemporal, settings: Settings
+) -> None:
+    settings, client, engine, pack = await setup(own_temporal, settings)
+    records, versions = 250, 4
+    queue.enqueue(
+        engine,
+        [
+            record_upsert(
+                pack.install_id,
+                pack.namespace,
+                "Account",
+                f"acct{k}",
+                {"Name": f"Account {k}", "Phone": f"v{v}"},
+                key=f"acct{k}:v{v}",
+            )
+            for v in range(versions)
+            for k in range(records)
+        ],
+    )
+    total = records * versions
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        before = await wait_for(engine, lambda s: s.get("succeeded", 0) >= total // 4, 300)
+        assert 0 < before.get("succeeded", 0) < total, before
+        await asyncio.to_thread(own_temporal.restart, 2.0)
+        after = await wait_for(engine, lambda s: s.get("succeeded", 0) == total, 300)
+        await fleet.signal("stop")
+        await fleet.result()
+    assert after == {"succeeded": total}
+    assert applied_twice(engine) == []
+    with engine.connect() as conn:
+        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
+    assert phones == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
+
+
+async def test_server_crash_while_identity_waits_are_parked(
+    own_temporal: OwnTemporal, settings: Settings
+) -> None:
+    settings, client, engine, pack = await setup(own_temporal, settings)
+    n = 60
+    children = [
+        record_upsert(
+            pack.install_id,
+            pack.namespace,
+            "Contact",
+            f"c{k}",
+            {"LastName": f"Child {k}", "AccountId": f"a{k}"},
+            refs={"AccountId": f"a{k}"},
+        )
+        for k in range(n)
+    ]
+    parents = [
+        record_upsert(pack.install_id, pack.namespace, "Account", f"a{k}", {"Name": f"A{k}"})
+        for k in range(n)
+    ]
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        queue.enqueue(engine, children)
+        parked = await wait_for(engine, lambda s: s.get("blocked", 0) == n, 300)
+        assert parked == {"blocked": n}, parked
+        await asyncio.to_thread(own_temporal.restart, 2.0)
+        queue.enqueue(engine, parents)
+        after = await wait_for(engine, lambda s: s.get("succeeded", 0) == 2 * n, 300)
+        await fleet.signal("stop")
+        await fleet.result()
+    assert after == {"succeeded": 2 * n}
+    with engine.connect() as conn:
+        linked = conn.execute(
+            text(
+                "SELECT COUNT(*) FROM Contact c JOIN Account a ON a.Id = c.AccountId "
+                "WHERE c.LastName LIKE 'Child %'"
+            )
+        ).scalar_one()
+    assert linked == n
