@@ -1,0 +1,132 @@
+"""Races with real processes (issue 17, races): the same event enqueued from many
+processes at once is stored once; two worker processes on one task queue apply
+every event exactly once, each record at its last version."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from nexuscrm.connectors import queue
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexusctl.temporal import start_fleet
+from tests.builders import SF_SYNC, cli_env, connector_settings, fast_fleet, install, record_upsert
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_same_events_enqueued_by_many_processes_are_stored_once(
+    temporal_env: Any, settings: Any, tmp_path: Path
+) -> None:
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    lines = [
+        {
+            "event_kind": "salesforce.record.upsert",
+            "idempotency_key": f"Account:r{k}",
+            "source_object": "Account",
+            "source_id": f"r{k}",
+            "payload": {"sobject": "Account", "remote_id": f"r{k}", "fields": {"Name": f"R{k}"}},
+        }
+        for k in range(50)
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    env = {**os.environ, **cli_env(settings, temporal_env)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "nexusctl.cli", "events", "enqueue", str(path)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(12)
+    ]
+    outputs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs), outputs
+    inserted = sum(int(o.split("enqueued ")[1].split(" ")[0]) for o in outputs)
+    assert inserted == len(lines), outputs
+    with engine.connect() as conn:
+        events = conn.execute(select(func.count()).select_from(t.connector_event)).scalar_one()
+        items = conn.execute(select(func.count()).select_from(t.connector_work_item)).scalar_one()
+    assert (events, items) == (len(lines), len(lines))
+
+
+async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
+    temporal_env: Any, settings: Any
+) -> None:
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    records, versions = 200, 4
+    queue.enqueue(
+        engine,
+        [
+            record_upsert(
+                pack.install_id,
+                pack.namespace,
+                "Account",
+                f"acct{k}",
+                {"Name": f"Account {k}", "Phone": f"v{v}"},
+                key=f"acct{k}:v{v}",
+            )
+            for v in range(versions)
+            for k in range(records)
+        ],
+    )
+    total = records * versions
+    env = {
+        **os.environ,
+        **cli_env(settings, temporal_env),
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+    }
+    workers = [
+        subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
+        for _ in range(2)
+    ]
+    try:
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        w = t.connector_work_item
+        done = 0
+        for _ in range(1500):
+            with engine.connect() as conn:
+                done = conn.execute(
+                    select(func.count()).select_from(w).where(w.c.State == "succeeded")
+                ).scalar_one()
+            if done == total:
+                break
+            assert all(p.poll() is None for p in workers), "a worker process died"
+            await asyncio.sleep(0.2)
+        await fleet.signal("stop")
+        await fleet.result()
+    finally:
+        for p in workers:
+            p.terminate()
+        for p in workers:
+            p.wait(60)
+    assert done == total
+    a = t.connector_work_attempt
+    with engine.connect() as conn:
+        twice = conn.execute(
+            select(a.c.WorkId)
+            .where(a.c.OutcomeState == "succeeded")
+            .group_by(a.c.WorkId)
+            .having(func.count() > 1)
+        ).all()
+        owners = conn.execute(
+            select(func.count(func.distinct(a.c.WorkId))).where(a.c.OutcomeState == "succeeded")
+        ).scalar_one()
+        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
+    assert twice == [] and owners == total
+    assert phones == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
