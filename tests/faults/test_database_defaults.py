@@ -5,6 +5,7 @@ unchanged."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,26 @@ from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from tests.builders import SF_SYNC, install, record_upsert
-from tests.conftest import fresh_database_url
+from tests.conftest import MYSQL_URL, fresh_database_url
 
 TEXT = "東京の顧客 🚀 Ünïcödé"
 
 
+def mysql_settings(url: str) -> Settings:
+    """Settings of a test's own MySQL-family database ``url`` (task queue of its own)."""
+    return Settings(
+        database_url=url,
+        controlplane_task_queue=f"cp-{uuid.uuid4().hex[:8]}",
+        env="development",
+        NEXUS_DATABASE_ID=f"test-{uuid.uuid4().hex[:8]}",
+    )
+
+
 @pytest.fixture
-def latin1_settings(settings: Settings, tmp_path: Path) -> Iterator[Settings]:
-    if not settings.database_url.startswith("mysql"):
-        pytest.skip("a database default character set is a MySQL-family setting")
+def latin1_settings(tmp_path: Path) -> Iterator[Settings]:
+    """A MariaDB database created with ``latin1`` as its default character set."""
     for url in fresh_database_url("mysql", tmp_path, character_set="latin1"):
-        yield settings.model_copy(update={"database_url": url})
+        yield mysql_settings(url)
 
 
 async def test_latin1_database_stores_any_text(temporal_env: Any, latin1_settings: Any) -> None:
@@ -73,3 +83,40 @@ async def test_latin1_database_stores_any_text(temporal_env: Any, latin1_setting
     assert Processor(engine, flow_deadline=None).process(items).succeeded == 1
     with engine.connect() as conn:
         assert conn.execute(text("SELECT Name FROM Account")).scalar_one() == TEXT
+
+
+COLLATIONS = ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "utf8mb4_bin", "utf8mb4_0900_ai_ci"]
+
+
+@pytest.mark.parametrize("collation", COLLATIONS)
+async def test_views_build_on_a_database_of_any_utf8mb4_collation(
+    temporal_env: Any, tmp_path: Path, collation: str
+) -> None:
+    """DreamHouse's views (an IMAGE formula mixes a cast number with column text)
+    failed with 1267 'Illegal mix of collations' on a database created
+    ``utf8mb4_unicode_ci``: tables now carry utf8mb4 explicitly, so column and
+    expression collations agree whatever the database default."""
+    from sqlalchemy import inspect
+
+    from tests.builders import apply_all, corpus_project
+
+    if MYSQL_URL:
+        admin = make_engine(MYSQL_URL)
+        with admin.connect() as conn:
+            known = conn.execute(text("SHOW COLLATION LIKE :c"), {"c": collation}).all()
+        admin.dispose()
+        if not known:  # MariaDB before 11.4 has no MySQL 8 collations
+            pytest.skip(f"this server does not know {collation}")
+    for url in fresh_database_url("mysql", tmp_path, collation=collation):
+        db = mysql_settings(url)
+        result = await apply_all(
+            temporal_env, db, app_pack_sources=[str(corpus_project("dreamhouse-lwc"))]
+        )
+        assert result.status == "completed"
+        engine = make_engine(url)
+        views = inspect(engine).get_view_names()
+        assert "v_Broker__c" in views
+        with engine.connect() as conn:
+            for view in views:
+                conn.execute(text(f"SELECT * FROM `{view}` LIMIT 1")).all()
+        engine.dispose()
