@@ -50,7 +50,7 @@ async def test_same_events_enqueued_by_many_processes_are_stored_once(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for _ in range(12)
+        for _ in range(8)
     ]
     outputs = [p.communicate(timeout=300)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * len(procs), outputs
@@ -69,7 +69,7 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     await install(temporal_env, settings, [str(SF_SYNC)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    records, versions = 200, 4
+    records, versions = 100, 4
     queue.enqueue(
         engine,
         [

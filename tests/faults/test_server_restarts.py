@@ -76,7 +76,7 @@ async def test_server_crash_during_inbound_processing(
     own_temporal: OwnTemporal, settings: Settings
 ) -> None:
     settings, client, engine, pack = await setup(own_temporal, settings)
-    records, versions = 250, 4
+    records, versions = 150, 4
     queue.enqueue(
         engine,
         [
