@@ -8,7 +8,7 @@
 - databases: :func:`corpus_project`, :func:`snapshot`;
 - control plane and fleet: :func:`apply_all`, :func:`install`,
   :func:`connector_settings`, :func:`fast_fleet`, :func:`wait_drained`,
-  :func:`wait_pools`;
+  :func:`wait_pools`; identity invariant :func:`assert_no_blocked_on_linked`;
 - the CLI: :func:`cli_env`, :func:`invoke`, :func:`invoke_async`;
 - endpoints: :class:`HookServer`;
 - shared test bodies: :func:`sync_corpus_data_plans_shuffled`.
@@ -352,6 +352,40 @@ async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"queue not drained in {timeout} s: {by_state}")
         await asyncio.sleep(0.3)
+
+
+def blocked_on_linked(engine: Engine) -> list[tuple[str, str]]:
+    """``(work id, dependency key hash)`` of every ``blocked`` item whose remote
+    link (or, for a record dependency, record) exists: an item that should
+    already have been woken. The identity tests' invariant: this ends empty."""
+    from nexuscrm.connectors.identity import Dependency, probe
+
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        rows = conn.execute(select(w).where(w.c.State == "blocked")).all()
+    out = []
+    for r in rows:
+        dep = Dependency.from_row(r)
+        if dep is not None and probe(engine, dep):
+            out.append((r.WorkId, r.DependencyKeyHash))
+    return out
+
+
+async def assert_no_blocked_on_linked(engine: Engine, timeout: float = 60) -> None:
+    """Wait until no item is ``blocked`` on a dependency that already resolved.
+
+    A link commits before its waiters are woken (after the batch), so the
+    invariant may be briefly false; it must hold within ``timeout`` seconds.
+    Raises ``AssertionError`` naming the items still blocked on a linked parent.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stuck = await asyncio.to_thread(blocked_on_linked, engine)
+        if not stuck:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"items blocked on a linked dependency after {timeout} s: {stuck}")
+        await asyncio.sleep(0.2)
 
 
 async def wait_pools(

@@ -374,11 +374,30 @@ def list_waitless_blocked(
     return rows
 
 
-def mark_wait_alive(engine: Engine, key_hash: str, until: datetime) -> None:
-    """Set ``DependencyProbeAfter = until`` on the blocked items of ``key_hash`` (liveness)."""
+def mark_wait_alive(
+    engine: Engine, key_hash: str, until: datetime, work_ids: Sequence[str] = ()
+) -> None:
+    """Set ``DependencyProbeAfter = until`` on the wait's blocked items (its liveness mark).
+
+    ``work_ids``: the wait's items (the probe's read of them); each row is
+    updated by its primary key, in ascending order, and only while it is
+    still blocked on ``key_hash``. Locking rows by primary key in one order
+    (the order every queue writer uses) takes no gap or secondary-index
+    locks, so the mark never deadlocks with a batch that blocks, wakes or
+    finishes items (MariaDB under REPEATABLE READ, issue 11). Without
+    ``work_ids``: every blocked item of ``key_hash`` (by the key index).
+    """
+    cond = [_w.c.DependencyKeyHash == key_hash, _w.c.State == STATE_BLOCKED]
     with write_transaction(engine) as conn:
-        conn.execute(
-            _w.update()
-            .where(_w.c.DependencyKeyHash == key_hash, _w.c.State == STATE_BLOCKED)
-            .values(DependencyProbeAfter=until.replace(microsecond=0))
-        )
+        if not work_ids:
+            conn.execute(
+                _w.update().where(*cond).values(DependencyProbeAfter=until.replace(microsecond=0))
+            )
+            return
+        ids = sorted(set(work_ids))
+        for start in range(0, len(ids), 500):
+            conn.execute(
+                _w.update()
+                .where(_w.c.WorkId.in_(ids[start : start + 500]), *cond)
+                .values(DependencyProbeAfter=until.replace(microsecond=0))
+            )
