@@ -26,7 +26,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.common import shielded
+from activities.common import quiet_lock_conflicts, shielded
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, from_spec, probe, to_spec, wait_workflow_id
 from nexuscrm.contracts import (
@@ -273,6 +273,7 @@ class IdentityActivities:
     # -- registration and recovery (async: they use the worker's client) -------
 
     @activity.defn(name="identity.notify")
+    @quiet_lock_conflicts
     async def notify(self, req: WaitNotifyRequest) -> None:
         """After a batch committed: wake the waiters of its new links, register its blocked items.
 
@@ -325,6 +326,7 @@ class IdentityActivities:
         return wq.list_waitless_blocked(self.engine, after=after)
 
     @activity.defn(name="identity.recover")
+    @quiet_lock_conflicts
     async def recover(self, database_id: str) -> int:
         """Give every blocked row without a live wait its wait; returns waits (re)started.
 

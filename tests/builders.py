@@ -13,6 +13,9 @@
 - endpoints: :class:`HookServer`;
 - shared test bodies: :func:`sync_corpus_data_plans_shuffled`.
 
+Every corpus project's data plans as one sync (sub-packs of projects that do
+not load whole, remote ids per project) live in :mod:`tests.corpus`.
+
 Workflow stand-ins live in :mod:`tests.stubs` instead: a sandboxed Temporal
 worker re-imports the module that defines a workflow, and this one imports far
 too much for the sandbox.
@@ -520,7 +523,12 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
         await fleet.result()
     assert states == {"succeeded": len(events)}, states
 
-    records = [r for plan in plans for r in plan_records(plan)]
+    verify_synced(engine, [r for plan in plans for r in plan_records(plan)])
+
+
+def verify_synced(engine: Engine, records: list[dict[str, Any]]) -> None:
+    """Assert every SFDX data-plan record landed exactly once, with its fields and
+    resolved lookups (``@ref`` values name the parent's remote id)."""
     with engine.connect() as conn:
         links = {
             (r.DestinationObject, r.RemoteId): r.RecordId
@@ -529,7 +537,7 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
         for rec in records:
             obj, ref = rec["attributes"]["type"], rec["attributes"]["referenceId"]
             record_id = links[(obj, ref)]
-            row = (
+            found = (
                 conn.execute(
                     text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'.replace('"', "`"))
                     if engine.dialect.name == "mysql"
@@ -539,13 +547,15 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
                 .mappings()
                 .one()
             )
+            row = {k.lower(): v for k, v in found.items()}  # plans spell names freely
             for key, value in rec.items():
                 if key == "attributes":
                     continue
+                key = key.lower()
                 if isinstance(value, str) and value.startswith("@"):
                     parent_obj = catalog.CACHE.get(engine).get(obj)
                     assert parent_obj is not None
-                    field = next(f for f in parent_obj.fields if f.api_name == key)
+                    field = next(f for f in parent_obj.fields if f.api_name.lower() == key)
                     assert row[key] == links[(field.reference_to, value[1:])], (obj, ref, key)
                 elif isinstance(value, bool):
                     assert bool(row[key]) == value
