@@ -17,14 +17,14 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
-from nexuscrm.db.dialect import describe_error, is_permanent, is_transient
+from nexuscrm.db.dialect import describe_error, is_lock_conflict, is_permanent, is_transient
 from nexuscrm.errors import FatalError, VerifyError
 
 P = ParamSpec("P")
@@ -216,6 +216,36 @@ def expect_progress(within_seconds: float) -> None:
         ticker.stall_after = within_seconds
 
 
+LOCK_CONFLICT_RETRIED = "database lock conflict, retried"
+"""The one warning line of an expected lock conflict (:func:`lock_conflict_failure`)."""
+
+
+def lock_conflict_failure(exc: BaseException) -> ApplicationError | None:
+    """An expected lock conflict as one warning line and a quiet, retryable failure.
+
+    A deadlock or lock wait between concurrent transactions (see
+    :func:`nexuscrm.db.dialect.is_lock_conflict`), or a queue lock not
+    granted in time (``TimeoutError`` named ``QueueLockTimeout``), is
+    retried by the activity's retry policy: it is logged here as one line
+    (:data:`LOCK_CONFLICT_RETRIED`, the activity and the driver's message,
+    no traceback) and returned as a retryable ``ApplicationError`` of category
+    ``BENIGN`` (the SDK then logs its traceback at DEBUG only), type = the
+    exception's class name. ``None`` for anything else: real errors stay loud.
+    """
+    if not (is_lock_conflict(exc) or type(exc).__name__ == "QueueLockTimeout"):
+        return None
+    # Imported here: workflow modules import this one, and the workflow
+    # sandbox refuses structlog's import-time use of random.
+    from nexuscrm.log import log
+
+    name = activity.info().activity_type if activity.in_activity() else ""
+    message = describe_error(exc, 300, with_type=False)
+    log.warning(LOCK_CONFLICT_RETRIED, activity=name, error=message)
+    return ApplicationError(
+        message, type=type(exc).__name__, category=ApplicationErrorCategory.BENIGN
+    )
+
+
 def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     """Run a sync activity shielded and heartbeating; map its errors for Temporal.
 
@@ -254,6 +284,9 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
                 bounded(str(exc)), *details, type=type(exc).__name__, non_retryable=True
             ) from exc
         except Exception as exc:
+            quiet = lock_conflict_failure(exc)
+            if quiet is not None:
+                raise quiet from None
             if is_transient(exc):
                 raise
             # Retried (with backoff, up to the policy's attempts) only when a
@@ -279,11 +312,36 @@ def shielded(fn: Callable[P, R]) -> Callable[P, R]:
     For short activities that need no error mapping (identity probe, wake,
     expire): a cancellation (a wait abandoning its probe, a worker shutting
     down) takes effect when the body returns, never inside a database call.
+    An expected lock conflict fails the attempt as one warning line
+    (:func:`lock_conflict_failure`).
     """
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         with _shield():
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                quiet = lock_conflict_failure(exc)
+                if quiet is not None:
+                    raise quiet from None
+                raise
+
+    return wrapper
+
+
+def quiet_lock_conflicts(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """For an async activity: an expected lock conflict fails it as one warning
+    line (:func:`lock_conflict_failure`); anything else propagates unchanged."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            quiet = lock_conflict_failure(exc)
+            if quiet is not None:
+                raise quiet from None
+            raise
 
     return wrapper

@@ -26,7 +26,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.common import shielded
+from activities.common import quiet_lock_conflicts, shielded
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, from_spec, probe, to_spec, wait_workflow_id
 from nexuscrm.contracts import (
@@ -195,18 +195,31 @@ class IdentityActivities:
     @activity.defn(name="identity.probe")
     @shielded
     def probe(self, req: ProbeRequest) -> ProbeResult:
-        """Terminalize invalid registered items, mark the rest alive, then probe (bounded).
+        """Terminalize invalid registered items, mark this wait's items alive, then probe.
 
-        Raises (the wait reschedules) when the probe fails or times out.
+        Invalid (``identity-convergence-invalid``): a row whose own dependency
+        columns were lost. The wait's items are the blocked rows whose
+        dependency is this wait's; a registered item blocked on another
+        dependency is left alone (its own wait owns it). The probe is bounded
+        by ``req.timeout_seconds``; raises (the wait reschedules) when it fails
+        or times out.
         """
         rows = wq.blocked_rows(self.engine, req.key_hash, req.work_ids)
+        # Invalid only when the row's own dependency columns were lost (the
+        # seed's rule). A registered item now blocked on another dependency (it
+        # was woken from this wait and blocked again on its next lookup) is not
+        # this wait's any more: left alone, its own wait owns it.
         invalid = [
             r.work_id
             for r in rows
-            if r.dependency is None
-            or r.key_hash != req.key_hash
-            or r.dependency.key_hash != req.key_hash
-            or r.blocked_at is None
+            if r.dependency is None or r.key_hash is None or r.blocked_at is None
+        ]
+        ours = [
+            r
+            for r in rows
+            if r.work_id not in invalid
+            and r.dependency is not None
+            and r.dependency.key_hash == req.key_hash
         ]
         n_invalid = wq.terminalize_invalid(self.engine, invalid) if invalid else 0
         if n_invalid:
@@ -216,13 +229,11 @@ class IdentityActivities:
                 items=n_invalid,
                 failure_class="identity-convergence-invalid",
             )
-        items = [
-            WaitItem(r.work_id, r.installed_pack_id, _iso(r.blocked_at))
-            for r in rows
-            if r.work_id not in invalid
-        ]
+        items = [WaitItem(r.work_id, r.installed_pack_id, _iso(r.blocked_at)) for r in ours]
         if items:
-            wq.mark_wait_alive(self.engine, req.key_hash, _naive(req.alive_until))
+            wq.mark_wait_alive(
+                self.engine, req.key_hash, _naive(req.alive_until), [i.work_id for i in items]
+            )
         try:
             converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
         except Exception as exc:
@@ -262,6 +273,7 @@ class IdentityActivities:
     # -- registration and recovery (async: they use the worker's client) -------
 
     @activity.defn(name="identity.notify")
+    @quiet_lock_conflicts
     async def notify(self, req: WaitNotifyRequest) -> None:
         """After a batch committed: wake the waiters of its new links, register its blocked items.
 
@@ -314,6 +326,7 @@ class IdentityActivities:
         return wq.list_waitless_blocked(self.engine, after=after)
 
     @activity.defn(name="identity.recover")
+    @quiet_lock_conflicts
     async def recover(self, database_id: str) -> int:
         """Give every blocked row without a live wait its wait; returns waits (re)started.
 

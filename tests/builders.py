@@ -8,10 +8,13 @@
 - databases: :func:`corpus_project`, :func:`snapshot`;
 - control plane and fleet: :func:`apply_all`, :func:`install`,
   :func:`connector_settings`, :func:`fast_fleet`, :func:`wait_drained`,
-  :func:`wait_pools`;
+  :func:`wait_pools`; identity invariant :func:`assert_no_blocked_on_linked`;
 - the CLI: :func:`cli_env`, :func:`invoke`, :func:`invoke_async`;
 - endpoints: :class:`HookServer`;
 - shared test bodies: :func:`sync_corpus_data_plans_shuffled`.
+
+Every corpus project's data plans as one sync (sub-packs of projects that do
+not load whole, remote ids per project) live in :mod:`tests.corpus`.
 
 Workflow stand-ins live in :mod:`tests.stubs` instead: a sandboxed Temporal
 worker re-imports the module that defines a workflow, and this one imports far
@@ -354,6 +357,40 @@ async def wait_drained(engine: Engine, timeout: float = 120) -> dict[str, int]:
         await asyncio.sleep(0.3)
 
 
+def blocked_on_linked(engine: Engine) -> list[tuple[str, str]]:
+    """``(work id, dependency key hash)`` of every ``blocked`` item whose remote
+    link (or, for a record dependency, record) exists: an item that should
+    already have been woken. The identity tests' invariant: this ends empty."""
+    from nexuscrm.connectors.identity import Dependency, probe
+
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        rows = conn.execute(select(w).where(w.c.State == "blocked")).all()
+    out = []
+    for r in rows:
+        dep = Dependency.from_row(r)
+        if dep is not None and probe(engine, dep):
+            out.append((r.WorkId, r.DependencyKeyHash))
+    return out
+
+
+async def assert_no_blocked_on_linked(engine: Engine, timeout: float = 60) -> None:
+    """Wait until no item is ``blocked`` on a dependency that already resolved.
+
+    A link commits before its waiters are woken (after the batch), so the
+    invariant may be briefly false; it must hold within ``timeout`` seconds.
+    Raises ``AssertionError`` naming the items still blocked on a linked parent.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stuck = await asyncio.to_thread(blocked_on_linked, engine)
+        if not stuck:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"items blocked on a linked dependency after {timeout} s: {stuck}")
+        await asyncio.sleep(0.2)
+
+
 async def wait_pools(
     fleet: Any, count: int, not_fingerprint: str | None = None, timeout: float = 60
 ) -> list[DesiredPack]:
@@ -486,7 +523,12 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
         await fleet.result()
     assert states == {"succeeded": len(events)}, states
 
-    records = [r for plan in plans for r in plan_records(plan)]
+    verify_synced(engine, [r for plan in plans for r in plan_records(plan)])
+
+
+def verify_synced(engine: Engine, records: list[dict[str, Any]]) -> None:
+    """Assert every SFDX data-plan record landed exactly once, with its fields and
+    resolved lookups (``@ref`` values name the parent's remote id)."""
     with engine.connect() as conn:
         links = {
             (r.DestinationObject, r.RemoteId): r.RecordId
@@ -495,7 +537,7 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
         for rec in records:
             obj, ref = rec["attributes"]["type"], rec["attributes"]["referenceId"]
             record_id = links[(obj, ref)]
-            row = (
+            found = (
                 conn.execute(
                     text(f'SELECT * FROM "{obj}" WHERE "Id" = :id'.replace('"', "`"))
                     if engine.dialect.name == "mysql"
@@ -505,13 +547,15 @@ async def sync_corpus_data_plans_shuffled(env: WorkflowEnvironment, settings: Se
                 .mappings()
                 .one()
             )
+            row = {k.lower(): v for k, v in found.items()}  # plans spell names freely
             for key, value in rec.items():
                 if key == "attributes":
                     continue
+                key = key.lower()
                 if isinstance(value, str) and value.startswith("@"):
                     parent_obj = catalog.CACHE.get(engine).get(obj)
                     assert parent_obj is not None
-                    field = next(f for f in parent_obj.fields if f.api_name == key)
+                    field = next(f for f in parent_obj.fields if f.api_name.lower() == key)
                     assert row[key] == links[(field.reference_to, value[1:])], (obj, ref, key)
                 elif isinstance(value, bool):
                     assert bool(row[key]) == value

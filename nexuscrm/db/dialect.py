@@ -151,6 +151,28 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError)
 
 
+_LOCK_CONFLICT_MYSQL_CODES = {
+    1205,  # lock wait timeout
+    1213,  # deadlock
+    8002,  # TiDB: write conflict (retryable)
+    9007,  # TiDB: write conflict
+}
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """True for a lock conflict between concurrent transactions: a deadlock
+    (1213), a lock wait timeout (1205), a TiDB write conflict, SQLite
+    ``database is locked``. Expected under concurrency and retried (a subset of
+    :func:`is_transient`); a lost connection is not one."""
+    if not isinstance(exc, OperationalError | DBAPIError):
+        return False
+    orig = getattr(exc, "orig", None)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in _LOCK_CONFLICT_MYSQL_CODES
+    return "database is locked" in str(orig or exc).lower()
+
+
 PERMANENT_DB_ERRORS = (IntegrityError, DataError)
 
 

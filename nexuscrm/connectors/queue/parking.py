@@ -55,6 +55,45 @@ _DEPENDENCY_COLUMNS = (
 )
 _CLEARED_DEPENDENCY: dict[str, Any] = dict.fromkeys(_DEPENDENCY_COLUMNS)
 RECOVERY_PAGE = 1000
+_CHUNK = 500
+
+
+def _lock_by_id(conn: Connection, work_ids: Sequence[str]) -> list[Any]:
+    """Rows of ``work_ids`` (WorkId, InstalledPackId, State, DependencyKeyHash), locked.
+
+    The lock order of every write of blocked rows (issue 11): primary keys
+    only, ascending, no other predicate, so InnoDB takes record locks on the
+    rows themselves and never a next-key or gap lock on a secondary index
+    (``ix_ConnectorWorkItem_Dependency``) that a batch blocking an item must
+    insert into. Callers filter the rows and update them by primary key.
+    SQLite: a plain read (the transaction holds the database write lock).
+    """
+    ids = sorted(set(work_ids))
+    mysql = dialect_name(conn) == "mysql"
+    rows: list[Any] = []
+    for start in range(0, len(ids), _CHUNK):
+        stmt = (
+            select(_w.c.WorkId, _w.c.InstalledPackId, _w.c.State, _w.c.DependencyKeyHash)
+            .where(_w.c.WorkId.in_(ids[start : start + _CHUNK]))
+            .order_by(_w.c.WorkId)
+        )
+        rows.extend(conn.execute(stmt.with_for_update() if mysql else stmt).all())
+    return rows
+
+
+def _update_by_id(conn: Connection, work_ids: Sequence[str], values: dict[str, Any]) -> int:
+    """``UPDATE ... WHERE WorkId IN (...)`` (rows the caller locked), ascending; rows changed."""
+    ids = sorted(set(work_ids))
+    n = 0
+    for start in range(0, len(ids), _CHUNK):
+        n += int(
+            conn.execute(
+                _w.update().where(_w.c.WorkId.in_(ids[start : start + _CHUNK])).values(**values)
+            ).rowcount
+        )
+    return n
+
+
 RECOVERY_MAX_PAGES = 100
 
 
@@ -176,46 +215,48 @@ def wake_blocked_keys(
 ) -> dict[str, int]:
     """Blocked items of any of ``key_hashes`` -> ``pending``, in one transaction.
 
-    Returns woken items per installed pack id. A read first: when nothing is
-    blocked on these keys (a duplicate wake, or a wait whose rows the
-    finalizing batch already woke) no write transaction is opened, so a burst
-    of such wakes never queues behind the inbound writers. An item that blocks
-    after the read registers a wait of its own, whose first probe converges.
+    Returns woken items per installed pack id. A plain read finds the items
+    first: when nothing is blocked on these keys (a duplicate wake, or a wait
+    whose rows the finalizing batch already woke) no write transaction is
+    opened, so a burst of such wakes never queues behind the inbound writers.
+    The write then locks and updates those items by primary key only
+    (:func:`_lock_by_id`), each still blocked on one of the keys. An item that
+    blocks after the read registers a wait of its own, whose first probe
+    converges.
     """
     keys = sorted(set(key_hashes))
     if not keys:
         return {}
     when = _now(now)
-
-    def blocked(conn: Connection, lock: bool) -> list[Any]:
-        rows: list[Any] = []
-        for start in range(0, len(keys), 500):
-            stmt = select(_w.c.WorkId, _w.c.InstalledPackId).where(
-                _w.c.DependencyKeyHash.in_(keys[start : start + 500]),
-                _w.c.State == STATE_BLOCKED,
-            )
-            if lock and dialect_name(conn) == "mysql":
-                stmt = stmt.with_for_update()
-            rows.extend(conn.execute(stmt).all())
-        return rows
-
+    candidates: list[str] = []
     with engine.connect() as conn:
-        if not blocked(conn, lock=False):
-            return {}
-    with write_transaction(engine) as conn:
-        rows = blocked(conn, lock=True)
-        ids = [r[0] for r in rows]
-        for start in range(0, len(ids), 500):
-            conn.execute(
-                _w.update()
-                .where(_w.c.WorkId.in_(ids[start : start + 500]), _w.c.State == STATE_BLOCKED)
-                .values(
-                    State=STATE_PENDING, RunAfter=None, LastModifiedDate=when, **_CLEARED_DEPENDENCY
-                )
+        for start in range(0, len(keys), _CHUNK):
+            candidates.extend(
+                conn.execute(
+                    select(_w.c.WorkId).where(
+                        _w.c.DependencyKeyHash.in_(keys[start : start + _CHUNK]),
+                        _w.c.State == STATE_BLOCKED,
+                    )
+                ).scalars()
             )
+    if not candidates:
+        return {}
+    wanted = set(keys)
+    with write_transaction(engine) as conn:
+        rows = [
+            r
+            for r in _lock_by_id(conn, candidates)
+            if r.State == STATE_BLOCKED and r.DependencyKeyHash in wanted
+        ]
+        _update_by_id(
+            conn,
+            [r.WorkId for r in rows],
+            {"State": STATE_PENDING, "RunAfter": None, "LastModifiedDate": when}
+            | _CLEARED_DEPENDENCY,
+        )
     out: dict[str, int] = {}
-    for _work_id, pack in rows:
-        out[pack] = out.get(pack, 0) + 1
+    for r in rows:
+        out[r.InstalledPackId] = out.get(r.InstalledPackId, 0) + 1
     return out
 
 
@@ -235,24 +276,25 @@ def _terminalize_blocked(
     if not work_ids:
         return 0
     when = _now(now)
-    cond = [_w.c.WorkId.in_(list(work_ids)), _w.c.State == STATE_BLOCKED]
-    if key_hash is not None:
-        cond.append(_w.c.DependencyKeyHash == key_hash)
     with write_transaction(engine) as conn:
-        res = conn.execute(
-            _w.update()
-            .where(*cond)
-            .values(
-                State=STATE_FAILED,
-                TerminalAt=when,
-                FailureCount=_w.c.FailureCount + 1,
-                LastFailureAt=when,
-                FailureClass=failure_class,
-                FailureSummary=summary,
-                LastModifiedDate=when,
-            )
+        ids = [
+            r.WorkId
+            for r in _lock_by_id(conn, work_ids)
+            if r.State == STATE_BLOCKED and (key_hash is None or r.DependencyKeyHash == key_hash)
+        ]
+        return _update_by_id(
+            conn,
+            ids,
+            {
+                "State": STATE_FAILED,
+                "TerminalAt": when,
+                "FailureCount": _w.c.FailureCount + 1,
+                "LastFailureAt": when,
+                "FailureClass": failure_class,
+                "FailureSummary": summary,
+                "LastModifiedDate": when,
+            },
         )
-        return int(res.rowcount)
 
 
 def expire_blocked(
@@ -316,20 +358,41 @@ def convert_parked(engine: Engine, *, now: datetime | None = None) -> int:
 
     ``DependencyBlockedAt`` is kept (``now`` when unset); ``DependencyProbeAfter``
     is cleared so recovery starts a wait for it. Returns rows converted.
+    Runs at every fleet reconcile: a plain read finds the parked rows (none,
+    almost always: no write transaction then); they are locked and updated by
+    primary key only, never by a scan that would lock the whole table under
+    REPEATABLE READ.
     """
     when = _now(now)
-    with write_transaction(engine) as conn:
-        res = conn.execute(
-            _w.update()
-            .where(_w.c.State == STATE_PROCESSING, _parked(_w))
-            .values(
-                State=STATE_BLOCKED,
-                DependencyBlockedAt=func.coalesce(_w.c.DependencyBlockedAt, when),
-                DependencyProbeAfter=None,
-                LastModifiedDate=when,
-            )
+    with engine.connect() as conn:
+        parked = list(
+            conn.execute(
+                select(_w.c.WorkId).where(_w.c.State == STATE_PROCESSING, _parked(_w))
+            ).scalars()
         )
-        return int(res.rowcount)
+    if not parked:
+        return 0
+    with write_transaction(engine) as conn:
+        locked = {r.WorkId for r in _lock_by_id(conn, parked) if r.State == STATE_PROCESSING}
+        n = 0
+        ids = sorted(locked)
+        for start in range(0, len(ids), _CHUNK):
+            res = conn.execute(
+                _w.update()
+                .where(
+                    _w.c.WorkId.in_(ids[start : start + _CHUNK]),
+                    _w.c.State == STATE_PROCESSING,
+                    _parked(_w),
+                )
+                .values(
+                    State=STATE_BLOCKED,
+                    DependencyBlockedAt=func.coalesce(_w.c.DependencyBlockedAt, when),
+                    DependencyProbeAfter=None,
+                    LastModifiedDate=when,
+                )
+            )
+            n += int(res.rowcount)
+        return n
 
 
 def list_waitless_blocked(
@@ -374,11 +437,21 @@ def list_waitless_blocked(
     return rows
 
 
-def mark_wait_alive(engine: Engine, key_hash: str, until: datetime) -> None:
-    """Set ``DependencyProbeAfter = until`` on the blocked items of ``key_hash`` (liveness)."""
+def mark_wait_alive(engine: Engine, key_hash: str, until: datetime, work_ids: Sequence[str]) -> int:
+    """Set ``DependencyProbeAfter = until`` on the wait's items (its liveness mark).
+
+    ``work_ids``: the wait's items (its probe's read of them); only those
+    still blocked on ``key_hash`` are marked. Locked and updated by primary
+    key only, ascending (:func:`_lock_by_id`): no range lock on the key index
+    that a batch blocking an item must insert into, which deadlocked on
+    MariaDB under REPEATABLE READ (issue 11). Returns the rows marked.
+    """
+    if not work_ids:
+        return 0
     with write_transaction(engine) as conn:
-        conn.execute(
-            _w.update()
-            .where(_w.c.DependencyKeyHash == key_hash, _w.c.State == STATE_BLOCKED)
-            .values(DependencyProbeAfter=until.replace(microsecond=0))
-        )
+        ids = [
+            r.WorkId
+            for r in _lock_by_id(conn, work_ids)
+            if r.State == STATE_BLOCKED and r.DependencyKeyHash == key_hash
+        ]
+        return _update_by_id(conn, ids, {"DependencyProbeAfter": until.replace(microsecond=0)})
