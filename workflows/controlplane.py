@@ -302,6 +302,7 @@ class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
         workflow.upsert_search_attributes([PHASE_KEY.value_set("completed")])
         await self._after_completed(inp)
         await self._notify_connectors()
+        self._skip_rest()  # the phases of the path not taken (delta vs full)
         return self._result("completed", "ApplyAll converged")
 
     def _halt(self, reason: str) -> None:
