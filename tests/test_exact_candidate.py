@@ -251,3 +251,22 @@ async def test_candidate_from_the_temporal_cli_and_nexusctl(temporal_env, settin
     )
     assert both.exit_code == 1
     assert "either with --app-pack or in the --candidate file" in both.output
+
+
+async def test_interrupted_run_is_finished_by_a_full_apply_not_a_recovery(
+    temporal_env, settings, tmp_path
+):
+    """No finalization-ready state: a run stopped before mark-completed leaves
+    ``running``; the exact-candidate retry neither skips nor takes the delta."""
+    pack = gizmo_pack(tmp_path / "gizmo.yaml")
+    spec = spec_of(settings, [str(pack)])
+    await run(temporal_env, settings, policy="exact_candidate", candidate=spec)
+    engine = make_engine(settings.database_url)
+    with engine.begin() as conn:  # a run that died after verify, before mark-completed
+        markers.mark(conn, markers.MarkerStatus.running, "dead-run", "ApplyAll")
+    assert "finalization_ready" not in {s.value for s in markers.MarkerStatus}
+    retry = await run(temporal_env, settings, policy="exact_candidate", candidate=spec)
+    assert retry.status == "completed"
+    assert statuses(retry)["apply-packs"] == "completed"
+    assert statuses(retry)["apply-candidate-delta"] == "skipped"
+    assert marker(engine) == "completed"
