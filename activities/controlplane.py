@@ -26,6 +26,7 @@ from nexuscrm.contracts import (
     RepairRequest,
     VerifyRequest,
 )
+from nexuscrm.contracts.gates import RebuildRequest
 from nexuscrm.controlplane import (
     derived,
     indexes,
@@ -108,9 +109,8 @@ class ControlPlaneActivities:
         with self.engine.begin() as conn:
             lease.require(conn, req.epoch)
             status = markers.MarkerStatus(req.phase)
-            if status == markers.MarkerStatus.completed:
-                # Finalization boundary first, as the seed does, then completion.
-                markers.mark(conn, markers.MarkerStatus.finalization_ready, req.run_id, "verify")
+            # completed is written in the transaction that checks the lease: no
+            # finalization-ready window to recover (see nexuscrm.controlplane.markers).
             markers.mark(conn, status, req.run_id, req.operation, req.error)
 
     @activity.defn(name="controlplane.plan_packs")
@@ -188,10 +188,20 @@ class ControlPlaneActivities:
 
     @activity.defn(name="controlplane.rebuild_derived")
     @fatal_is_final
-    def rebuild_derived(self, req: PhaseRequest) -> list[str]:
-        """RebuildDerived; returns formula problems as ``Object.Field: reason`` lines."""
+    def rebuild_derived(self, req: RebuildRequest) -> list[str]:
+        """RebuildDerived; returns formula problems as ``Object.Field: reason`` lines.
+
+        Under ``defer_formula_views`` no view is created or replaced (the
+        required ones must exist); a full rebuild with ``settle_rebuild_debt``
+        clears the rebuild-owed receipt (this activity is always fenced).
+        """
         with logged_phase(req.operation, "rebuild-derived"):
-            r = derived.rebuild_derived(self.engine, req.epoch)
+            r = derived.rebuild_derived(
+                self.engine,
+                req.epoch,
+                defer_formula_views=req.defer_formula_views,
+                settle_rebuild_debt=req.settle_rebuild_debt,
+            )
         return [f"{p.object_api_name}.{p.field_api_name}: {p.reason}" for p in r.problems]
 
     @activity.defn(name="controlplane.ensure_indexes")

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
       connector_max_activity_slots [NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS]: cap on
         a connector worker's inbound-worker slots of each kind; default 128.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
+      final_verify_command [NEXUS_FINAL_VERIFY_COMMAND]: ApplyAll's final-verify
+        hook (the seed's ``ApplyAllFinalVerify``): a command line the worker runs
+        after verify on every completing path and before an auto-start or
+        exact-candidate skip; non-zero exit fails the run. Unset: no hook.
+      final_verify_timeout_seconds [NEXUS_FINAL_VERIFY_TIMEOUT_SECONDS]: its bound; 600.
     """
 
     model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore")
@@ -100,6 +105,8 @@ class Settings(BaseSettings):
     # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
     serving_selection: str | None = None
     connector_role: str = "local"
+    final_verify_command: str | None = None
+    final_verify_timeout_seconds: float = 600.0
 
     @field_validator("database_url")
     @classmethod

@@ -14,6 +14,7 @@ from temporalio.worker import Worker
 
 from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
+from activities.controlplane_gates import GateActivities
 from activities.identity import IdentityActivities
 from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.connectors.routes import list_connector_packs
@@ -151,7 +152,7 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
         with_bounded_failures(client),
         task_queue=task_queue or settings.controlplane_task_queue,
         workflows=CONTROLPLANE_WORKFLOWS,
-        activities=acts.all(),
+        activities=[*acts.all(), *GateActivities(engine, settings).all()],
         activity_executor=ThreadPoolExecutor(max_workers=8),
         max_concurrent_activities=8,
         graceful_shutdown_timeout=_shutdown_timeout(settings),

@@ -30,6 +30,9 @@ with workflow.unsafe.imports_passed_through():
         VerifyRequest,
         heartbeat_timeout_problem,
     )
+    from nexuscrm.contracts.gates import RebuildRequest
+
+from workflows.apply_all_gates import ApplyAllGateSteps, apply_all_phases
 
 PHASE_KEY = SearchAttributeKey.for_keyword("NexusPhase")
 DATABASE_KEY = SearchAttributeKey.for_keyword("NexusDatabase")
@@ -212,29 +215,46 @@ APPLY_ALL_PHASES = [
 
 
 @workflow.defn(name="ApplyAll")
-class ApplyAllWorkflow(_PhaseRunner):
+class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
     """Port of ``ApplyAllWithOptions`` / ``ApplyAllIfNeededWithOptions``.
 
-    Phases (activities): acquire-lease, [classify], mark-running, plan-packs,
-    apply-metadata, run-repair (fail closed on convergence-critical steps),
-    runner-init, apply-packs, rebuild-derived, ensure-indexes, verify,
-    mark-completed. Any phase failure stamps the failed marker with the error
-    and fails the workflow (``PhaseFailed``). Query ``progress`` for phases.
+    Phases (activities): acquire-lease, [rebuild-debt-entry-gate,
+    classify | classify-candidate], [defer-precondition, mark-rebuild-owed],
+    mark-running, plan-packs, apply-metadata, run-repair (fail closed on
+    convergence-critical steps), runner-init, apply-packs (or
+    apply-candidate-delta), rebuild-derived, ensure-indexes, verify,
+    final-verify, the completion gates, [restamp-rebuild-owed],
+    mark-completed, [rebuild-debt-final-gate]. Any phase failure stamps the
+    failed marker with the error and fails the workflow (``PhaseFailed``).
+    Query ``progress`` for phases. The gate steps live in
+    ``workflows.apply_all_gates``.
     """
 
     operation = "ApplyAll"
 
     @workflow.init
     def __init__(self, inp: ApplyAllInput) -> None:
-        self._init_phases(APPLY_ALL_PHASES)
+        self._init_phases(apply_all_phases(inp, APPLY_ALL_PHASES))
 
     @workflow.run
     async def run(self, inp: ApplyAllInput) -> ApplyAllResult:
         """Run ApplyAll; returns the report, or fails with the phase and error."""
         await self._start(inp.heartbeat_timeout_seconds)
-        if inp.policy not in ("always_apply", "auto_start"):
-            raise ApplicationError(f"unknown policy {inp.policy!r}", non_retryable=True)
-        if inp.policy == "auto_start":
+        sources = self._gates_begin(inp)
+        delta: list[str] | None = None
+        if self.gated and inp.policy == "auto_start":
+            await self._rebuild_debt_gate("entry")
+        if self.gated and inp.candidate is not None:
+            decision = await self._classify_candidate(inp)
+            if decision.action == "skip" and inp.policy != "always_apply":
+                await self._final_verify("skip")
+                self._skip_rest()
+                return self._result("skipped", decision.reason)
+            if decision.action == "halt_for_migration":
+                self._halt(decision.reason)
+            if decision.action == "delta":
+                delta = decision.changed
+        elif inp.policy == "auto_start":
             decision = await self._phase(
                 "classify",
                 ControlPlaneActivities.classify_auto_start,
@@ -242,33 +262,37 @@ class ApplyAllWorkflow(_PhaseRunner):
             )
             self.phases["classify"].detail = f"{decision.action}: {decision.reason}"
             if decision.action == "skip":
+                await self._final_verify("skip")
                 self._skip_rest()
                 return self._result("skipped", decision.reason)
             if decision.action == "halt_for_migration":
-                self._skip_rest()
-                raise ApplicationError(
-                    "explicit control-plane migration required before auto start: "
-                    f"{decision.reason}; run `nexusctl apply-all` once",
-                    type="HaltForMigration",
-                    non_retryable=True,
-                )
-        else:
+                self._halt(decision.reason)
+        elif "classify" in self.phases:
             self.phases["classify"].status = "skipped"
+        if self.gated and inp.defer_formula_view_rebuild:
+            await self._defer_entry()
         # Write-ahead: running is stamped before any mutation; from here on a
         # failure leaves a failed marker so the next auto-start re-applies.
         await self._phase("mark-running", ControlPlaneActivities.mark, self._req("running"))
         self.marks_failure = True
-        await self._plan(inp.app_pack_sources, inp.include_dev_sample)
-        await self._phase("apply-metadata", ControlPlaneActivities.apply_metadata, self._req())
-        await self._phase(
-            "run-repair",
-            ControlPlaneActivities.run_repair,
-            RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=True),
-        )
-        await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
-        await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        if delta is not None:
+            await self._run_delta(inp, sources, delta)
+        else:
+            await self._plan(sources, inp.include_dev_sample)
+            if self.gated:
+                await self._check_planned(inp)
+            await self._phase("apply-metadata", ControlPlaneActivities.apply_metadata, self._req())
+            await self._phase(
+                "run-repair",
+                ControlPlaneActivities.run_repair,
+                RepairRequest(self.run_id, self.epoch, fail_closed_on_convergence=True),
+            )
+            await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
+            await self._apply_packs(sources, inp.include_dev_sample)
         self.formula_problems = await self._phase(
-            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+            "rebuild-derived",
+            ControlPlaneActivities.rebuild_derived,
+            self._rebuild_request(inp) if self.gated else self._req(),
         )
         if self.formula_problems:
             self.phases["rebuild-derived"].detail = (
@@ -276,15 +300,23 @@ class ApplyAllWorkflow(_PhaseRunner):
                 + "; ".join(self.formula_problems)
             )
         await self._phase("ensure-indexes", ControlPlaneActivities.ensure_indexes, self._req())
-        await self._phase(
-            "verify",
-            ControlPlaneActivities.verify,
-            VerifyRequest({p.name: p.payload_hash for p in self.packs}),
-        )
+        await self._phase("verify", ControlPlaneActivities.verify, self._verify_request(inp))
+        await self._before_completed(inp, sources, "delta" if delta is not None else "apply")
         await self._phase("mark-completed", ControlPlaneActivities.mark, self._req("completed"))
         workflow.upsert_search_attributes([PHASE_KEY.value_set("completed")])
+        await self._after_completed(inp)
         await self._notify_connectors()
+        self._skip_rest()  # the phases of the path not taken (delta vs full)
         return self._result("completed", "ApplyAll converged")
+
+    def _halt(self, reason: str) -> None:
+        self._skip_rest()
+        raise ApplicationError(
+            "explicit control-plane migration required before auto start: "
+            f"{reason}; run `nexusctl apply-all` once",
+            type="HaltForMigration",
+            non_retryable=True,
+        )
 
 
 @workflow.defn(name="RunRepair")
@@ -445,8 +477,11 @@ class InitL0Workflow(_PhaseRunner):
         )
         await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
         await self._apply_packs([], False, l0=True)
+        # The seed's RebuildDerivedL0 is partial: it never settles rebuild debt.
         self.formula_problems = await self._phase(
-            "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
+            "rebuild-derived",
+            ControlPlaneActivities.rebuild_derived,
+            RebuildRequest(self.run_id, self.epoch, self.operation, settle_rebuild_debt=False),
         )
         await self._phase(
             "verify",

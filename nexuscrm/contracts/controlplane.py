@@ -13,6 +13,8 @@ decoding arguments).
 import math
 from dataclasses import dataclass, field
 
+from nexuscrm.contracts.candidate import CandidateSpec
+
 HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 3600.0)
 """Accepted heartbeat timeouts of the control-plane phases, in seconds (inclusive)."""
 
@@ -48,12 +50,22 @@ class ApplyAllInput:
     include_dev_sample: ``None`` lets the worker decide (not in production).
     heartbeat_timeout_seconds: heartbeat timeout of the long phases; a worker
       that dies is noticed this fast.
+    defer_formula_view_rebuild: the seed's ``DeferFormulaViewRebuild``: create
+      or replace no view (old pods may still serve them); stamps the
+      ``formula_view_rebuild_owed`` receipt before any mutation; the
+      deployment settles it with RebuildDerived in its activation window.
+    candidate: an exact candidate (every pack with its digest; app pack
+      sources come from it); with policy ``exact_candidate`` the run skips
+      only on an exact digest match plus a whole-target verify, re-applies
+      only changed packs (component delta) or runs a full ApplyAll.
     """
 
     app_pack_sources: list[str] = field(default_factory=list)
     policy: str = "always_apply"
     include_dev_sample: bool | None = None
     heartbeat_timeout_seconds: float = 30.0
+    defer_formula_view_rebuild: bool = False
+    candidate: CandidateSpec | None = None
 
 
 @dataclass
@@ -140,6 +152,9 @@ class VerifyRequest:
 
     expected_hashes: dict[str, str]
     check_indexes: bool = True
+    # A defer apply: views are intentionally the previous generation (their
+    # existence and readability are still verified, their definitions are not).
+    views_deferred: bool = False
 
 
 @dataclass

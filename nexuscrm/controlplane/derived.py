@@ -1,22 +1,33 @@
 """RebuildDerived: one view per table object exposing its formula fields.
 
 Port of the seed's ``rebuildDerived`` (``RebuildAllViews``: always CREATE OR
-REPLACE, so a view broken by a restore is healed on every apply) and the
-settlement of the ``formula_view_rebuild_owed`` receipt. A formula the
+REPLACE, so a view broken by a restore is healed on every apply), of its
+``deferFormulaViews`` mode with ``requireDeferFormulaViewPrecondition``, and
+of the settlement of the ``formula_view_rebuild_owed`` receipt. A formula the
 compiler cannot handle is reported by object, field and reason and left out
 of its view, never silently.
+
+Which views are required: the seed requires a formula view only for objects
+with active formula fields; in this port every table object is served
+through its ``v_<Object>`` (verify requires each), so every table object
+whose table exists requires its view. Under defer a release therefore may
+not introduce a new table object (ship it in a prior regular release), as
+the seed says of active-formula objects.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, MetaData, Table
+from sqlalchemy import Connection, Engine, MetaData, Table, func, select, text
 
 from nexuscrm import catalog
 from nexuscrm.controlplane import lease, markers
-from nexuscrm.db.dialect import create_or_replace_view, dialect_name
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import create_or_replace_view, describe_error, dialect_name, quote
 from nexuscrm.db.dialect import table_names as physical_tables
+from nexuscrm.db.dialect import view_names as physical_views
+from nexuscrm.errors import FatalError
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.log import log
 
@@ -38,14 +49,104 @@ class DerivedResult:
     problems: list[FormulaIssue] = field(default_factory=list)
 
 
-def rebuild_derived(engine: Engine, epoch: int | None = None) -> DerivedResult:
+class DeferPreconditionError(FatalError):
+    """A ``defer_formula_view_rebuild`` apply was refused at entry (nothing written)."""
+
+
+class DeferredViewMissingError(FatalError):
+    """Under defer, a required view is missing: the release introduced an object."""
+
+
+def required_views(bind: Engine | Connection) -> dict[str, str]:
+    """Object API name -> the view it requires (``v_<Object>``): every table object
+    whose physical table exists (the objects ``rebuild_derived`` builds a view for)."""
+    cat = catalog.CACHE.get(bind if isinstance(bind, Engine) else bind.engine)
+    present = physical_tables(bind)
+    return {
+        obj.api_name: view_name(obj.api_name)
+        for _key, obj in sorted(cat.objects.items())
+        if obj.has_table and obj.table_name in present
+    }
+
+
+def _view_readable(conn: Connection, name: str) -> str | None:
+    """``None`` if ``SELECT * FROM <view> LIMIT 1`` works, else the error."""
+    try:
+        conn.execute(text(f"SELECT * FROM {quote(conn, name)} LIMIT 1")).fetchall()
+    except Exception as exc:
+        return describe_error(exc)
+    return None
+
+
+def require_defer_precondition(engine: Engine) -> None:
+    """Port of ``requireDeferFormulaViewPrecondition``: read-only entry gate of a defer apply.
+
+    Raises ``DeferPreconditionError`` (the seed's messages) unless the
+    database is already bootstrapped (metadata rows in ``_System_Object``:
+    acquire-lease creates the system tables, so their existence proves
+    nothing here), has an ApplyAll marker (a prior apply ran), and every
+    required view exists and is readable. Idempotent, writes nothing.
+    """
+    with engine.connect() as conn:
+        objects = conn.execute(select(func.count()).select_from(t.object_meta)).scalar_one()
+    if not objects:
+        raise DeferPreconditionError(
+            "DeferFormulaViewRebuild requires an already-bootstrapped database; run a standard "
+            "apply first (greenfield has no old-semantics serving to protect)"
+        )
+    if markers.read(engine) is None:
+        raise DeferPreconditionError(
+            "DeferFormulaViewRebuild requires a database that completed a prior apply "
+            "(no control_plane_apply_all marker in _System_BootstrapState — the rebuild-owed "
+            "receipt has no apply history to stand on); run a standard apply first"
+        )
+    views = physical_views(engine)
+    with engine.connect() as conn:
+        for obj, name in required_views(conn).items():
+            if name not in views:
+                raise DeferPreconditionError(
+                    f"DeferFormulaViewRebuild precondition failed: object {obj} requires formula "
+                    f"view {name} but it does not exist; either heal the inventory with a "
+                    "standard apply (quiesce serving first if release metadata was already "
+                    "partially applied), or this release wrongly introduces an active-formula "
+                    "object under defer — cutover releases must not introduce such objects "
+                    "(ship them in a prior regular release)"
+                )
+            problem = _view_readable(conn, name)
+            if problem is not None:
+                raise DeferPreconditionError(
+                    f"DeferFormulaViewRebuild precondition failed: formula view {name} for "
+                    f"object {obj} exists but is not readable ({problem}); heal the inventory "
+                    "with a standard apply (quiesce serving first if needed) before applying "
+                    "this release"
+                )
+
+
+def rebuild_derived(
+    engine: Engine,
+    epoch: int | None = None,
+    *,
+    defer_formula_views: bool = False,
+    settle_rebuild_debt: bool = False,
+) -> DerivedResult:
     """Rebuild every object's view (``v_<Object>``) from live metadata.
 
     Each view selects the physical columns (reflected, so discovered tables
     work too) plus each formula field that compiles. Raises
     ``LeaseLostError`` when fenced out; database errors propagate (transient
     ones are retried by the activity).
+
+    ``defer_formula_views`` (the seed's ``deferFormulaViews``): create or
+    replace no view at all (old pods may still serve the old ones); assert
+    every required view exists instead (``DeferredViewMissingError``).
+    ``settle_rebuild_debt``: after a full rebuild, clear the
+    ``formula_view_rebuild_owed`` receipt — honoured only on a fenced call
+    (``epoch`` given: the caller holds the control-plane lease); an
+    unfenced call (``epoch=None``) never settles, as the seed's unserialized
+    exported ``RebuildDerived`` does not.
     """
+    if defer_formula_views:
+        return _assert_views_exist(engine, epoch)
     cat = catalog.CACHE.get(engine)
     dialect = dialect_name(engine)
     result = DerivedResult()
@@ -57,7 +158,7 @@ def rebuild_derived(engine: Engine, epoch: int | None = None) -> DerivedResult:
             if not obj.has_table or obj.table_name not in present:
                 continue
             table = Table(obj.table_name, MetaData(), autoload_with=conn)
-            select, problems = build_view_select(obj.spec(), table, dialect)
+            select_, problems = build_view_select(obj.spec(), table, dialect)
             for p in problems:
                 issue = FormulaIssue(p.object_api_name, p.field_api_name, p.reason)
                 result.problems.append(issue)
@@ -68,9 +169,28 @@ def rebuild_derived(engine: Engine, epoch: int | None = None) -> DerivedResult:
                     reason=issue.reason,
                 )
             name = view_name(obj.api_name)
-            create_or_replace_view(conn, name, select)
+            create_or_replace_view(conn, name, select_)
             result.views.append(name)
-        # A full rebuild settles any deferred-rebuild debt by definition.
-        if markers.rebuild_owed(conn):
+        # A full rebuild settles deferred-rebuild debt by definition, but only
+        # on a lease-holding (fenced) path.
+        if settle_rebuild_debt and epoch is not None and markers.rebuild_owed(conn):
             markers.clear_rebuild_owed(conn)
+            log.info("formula view rebuild debt settled", views=len(result.views))
+    return result
+
+
+def _assert_views_exist(engine: Engine, epoch: int | None) -> DerivedResult:
+    result = DerivedResult()
+    views = physical_views(engine)
+    with engine.connect() as conn:
+        lease.require(conn, epoch)
+        for obj, name in required_views(conn).items():
+            if name not in views:
+                raise DeferredViewMissingError(
+                    f"formula view {name} for {obj} is missing under DeferFormulaViewRebuild; "
+                    "cutover releases must not introduce active-formula objects — ship the "
+                    "object in a prior regular release (roll forward)"
+                )
+            result.views.append(name)
+    log.info("formula view rebuild deferred; required views exist", views=len(result.views))
     return result

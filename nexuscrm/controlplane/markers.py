@@ -1,9 +1,17 @@
 """Bootstrap markers in ``_System_BootstrapState`` (the seed's bootstrapStateStore).
 
 Key ``control_plane_apply_all`` carries the ApplyAll lifecycle:
-``running`` -> ``failed`` | ``finalization_ready`` -> ``completed``; sibling
-mutations set ``invalidated``. Key ``formula_view_rebuild_owed`` is the
-deferred-rebuild receipt (``pending`` / ``cleared``).
+``running`` -> ``failed`` | ``completed``; sibling mutations set
+``invalidated``. Key ``formula_view_rebuild_owed`` is the deferred-rebuild
+receipt (``pending`` / ``cleared``).
+
+No ``finalization_ready`` state: the seed needs that durable receipt because
+its advisory lock lives on a separate session that can die between terminal
+verification and the completed write. Here the lease check and the completed
+write are one transaction (``controlplane.mark``), so there is no window in
+which verification passed but completion is uncommitted, and nothing for a
+finalization recovery to recover: a run that stops before ``mark-completed``
+leaves ``running`` (or ``failed``) and the next run re-applies in full.
 """
 
 from __future__ import annotations
@@ -28,7 +36,6 @@ class MarkerStatus(StrEnum):
 
     running = "running"
     failed = "failed"
-    finalization_ready = "finalization_ready"
     completed = "completed"
     invalidated = "invalidated"
 
@@ -105,6 +112,17 @@ def rebuild_owed(bind: Connection | Engine) -> bool:
     return m is not None and m.status == "pending"
 
 
+def mark_rebuild_owed(conn: Connection, run_id: str) -> None:
+    """Port of ``markFormulaViewRebuildOwed``: stamp the write-ahead rebuild debt.
+
+    Written by a ``defer_formula_view_rebuild`` ApplyAll before its running
+    marker and before any mutation, and again (defense in depth) right before
+    its completed marker. Idempotent: a retry re-stamps the same ``pending``.
+    Callers hold the control-plane lease (receipt writes are fenced).
+    """
+    _write(conn, REBUILD_OWED_KEY, run_id, "owed", "pending", None)
+
+
 def clear_rebuild_owed(conn: Connection) -> None:
     """Settle the rebuild receipt after a full view rebuild (keeps the row for forensics)."""
     conn.execute(
@@ -163,8 +181,4 @@ def classify_auto_start(engine: Engine) -> AutoStartDecision:
                 f"ApplyAll marker is completed but the {CONNECTOR_CUTOVER_KEY} receipt is missing",
             )
         return AutoStartDecision(AutoStartAction.skip, "full ApplyAll marker is completed")
-    if marker.status == MarkerStatus.finalization_ready:
-        return AutoStartDecision(
-            AutoStartAction.apply, "ApplyAll reached finalization but did not commit completion"
-        )
     return AutoStartDecision(AutoStartAction.apply, f"ApplyAll marker is {marker.status}")

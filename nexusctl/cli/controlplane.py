@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,7 @@ from nexuscrm.contracts import (
     PhaseReport,
     heartbeat_timeout_problem,
 )
+from nexuscrm.controlplane.candidate import load_candidate
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
     QUERY_TIMEOUT,
@@ -240,7 +242,13 @@ def apply_all(
     app_pack: AppPack = None,
     dev_sample: DevSample = None,
     wait: Annotated[bool, typer.Option(help="Wait and show progress; exit 1 on failure.")] = False,
-    policy: Annotated[str, typer.Option(help="always_apply or auto_start.")] = "always_apply",
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            help="always_apply, auto_start or exact_candidate (default: exact_candidate "
+            "with --candidate, else always_apply)."
+        ),
+    ] = None,
     heartbeat_timeout: Annotated[
         float,
         typer.Option(
@@ -255,10 +263,36 @@ def apply_all(
             "(with --wait) instead of failing."
         ),
     ] = False,
+    candidate: Annotated[
+        Path | None,
+        typer.Option(
+            help="Exact candidate file (JSON/YAML: every pack with its digest, app packs with "
+            "their source; `nexusctl candidate write` makes one). Skips only when exactly it "
+            "is active and the whole target verifies; replaces --app-pack."
+        ),
+    ] = None,
+    defer_formula_view_rebuild: Annotated[
+        bool,
+        typer.Option(
+            help="Create or replace no view (old pods may still serve them); owes a rebuild "
+            "that `nexusctl rebuild-derived` settles in the activation window."
+        ),
+    ] = False,
 ) -> None:
     """Start ApplyAll on the configured database (a running worker does the work)."""
     settings = load_settings()
-    arg = ApplyAllInput(sources(app_pack), policy, dev_sample, heartbeat_timeout)
+    spec = load_candidate(candidate) if candidate is not None else None
+    if spec is not None and app_pack:
+        fail("give the app packs either with --app-pack or in the --candidate file, not both")
+    chosen = policy or ("exact_candidate" if spec is not None else "always_apply")
+    arg = ApplyAllInput(
+        sources(app_pack),
+        chosen,
+        dev_sample,
+        heartbeat_timeout,
+        defer_formula_view_rebuild=defer_formula_view_rebuild,
+        candidate=spec,
+    )
     asyncio.run(run_operation(settings, "ApplyAll", arg, wait, attach=attach, attach_hint=True))
 
 
