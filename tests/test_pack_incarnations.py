@@ -251,3 +251,40 @@ def test_drain_only_batch_reads_run_in_the_drain_only_context(
     assert second.succeeded == 0 and second.retried == 1
     assert len([b for b in hook.received if "ids" in b]) == 1  # no read for a removed pack
     assert json.dumps(second.failure_classes) == json.dumps({"enrichment-failed": 1})
+
+
+def test_replaying_an_item_of_a_retired_incarnation_drains_it_again(settings, hook, tmp_path):
+    """Retire only when empty; a replayed item of a retired incarnation reopens it (draining),
+    so it runs through its own routes instead of waiting forever."""
+    from nexuscrm import catalog
+    from nexuscrm.connectors.incarnations import reopen_retired, retire_drained
+    from nexuscrm.controlplane import metadata, packs_apply
+
+    engine = make_engine(settings.database_url)
+    metadata.apply_metadata(engine)
+    catalog.CACHE.invalidate()
+
+    def apply(extra: bool) -> None:
+        path = hook_pack(tmp_path / "h.yaml", hook.url, extra_route=extra)
+        packs_apply.apply_packs(engine, packs_apply.load_plan(engine, [str(path)], False))
+
+    apply(True)
+    (old,) = list_connector_packs(engine)
+    (work_id,) = queue.enqueue(engine, other_events(old.install_id, ["o1"])).work_ids
+    apply(False)  # the upgrade: old drains
+    assert incarnation_status(engine, old.install_id) == "draining"
+    assert not retire_drained(engine, old.install_id)  # it still has its item
+    w = t.connector_work_item
+    with engine.begin() as conn:
+        conn.execute(update(w).where(w.c.WorkId == work_id).values(State="failed"))
+    assert retire_drained(engine, old.install_id)
+    assert old.install_id not in {p.install_id for p in list_connector_packs(engine)}
+    assert reopen_retired(engine) == 0
+    queue.replay(engine, work_id)
+    assert reopen_retired(engine) == 1
+    assert incarnation_status(engine, old.install_id) == "draining"
+    row = next(p for p in list_connector_packs(engine) if p.install_id == old.install_id)
+    assert row.drain_only and [r.event_kind for r in row.pack.inbound_routes] == [
+        "hook.event",
+        "hook.other",
+    ]

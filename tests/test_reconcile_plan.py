@@ -281,7 +281,7 @@ def test_drain_only_setup_failure_is_a_blocked_reason_never_a_fleet_failure(engi
     snapshot = desired_packs(engine, None)
     drain(engine, key, "removed")
     # (The sweep of removed packs' items ran before the removal.)
-    after_sweep = Resolvers(list_packs=lambda e, s: snapshot, fail_removed_items=lambda e: 0)
+    after_sweep = Resolvers(list_packs=lambda e, s: snapshot, settle_incarnations=lambda e: None)
     p = plan(engine, "startup", resolvers=after_sweep)
     assert only(p).action == ACTION_STOP and "inactive" in only(p).reason and p.blocked == {}
 

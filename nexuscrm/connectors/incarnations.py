@@ -7,7 +7,7 @@ The fleet serves a draining incarnation with a drain-only pool, through the
 routes and callout profiles of its own payload, while it has non-terminal
 work items (seed: drain-only generations, ``resolveDrainEligible``); once its
 queue is empty the reconcile stops the pool and :func:`retire_drained` marks
-the incarnation ``retired``.
+the incarnation ``retired`` (a replayed item reopens it, :func:`reopen_retired`).
 
 ``packs remove`` marks the pack (and its draining incarnations) ``removed``.
 A removed pack gets no credential and no pool (seed:
@@ -146,3 +146,43 @@ def retire_drained(engine: Engine, install_id: str) -> bool:
     if done:
         log.info("drained connector pack incarnation retired", install_id=install_id)
     return done
+
+
+def reopen_retired(engine: Engine) -> int:
+    """Set retired incarnations that have non-terminal items back to ``draining``.
+
+    A failed item of a retired incarnation can be replayed (``events replay``):
+    the new item belongs to the same incarnation and must run through its
+    routes, so the incarnation drains again (and is retired again once
+    empty). One UPDATE; returns how many incarnations were reopened.
+    """
+    inc, w = t.connector_pack_incarnation, t.connector_work_item
+    if inc.name not in table_names(engine):
+        return 0
+    queued = (
+        select(w.c.WorkId)
+        .where(
+            and_(
+                w.c.InstalledPackId == inc.c.PackInstallId,
+                w.c.State.in_(queue.NON_TERMINAL_STATES),
+            )
+        )
+        .exists()
+    )
+    now = utcnow().replace(microsecond=0)
+    with engine.begin() as conn:
+        res = conn.execute(
+            update(inc)
+            .where(inc.c.Status == INCARNATION_RETIRED, queued)
+            .values(Status=INCARNATION_DRAINING, RetiredDate=None, LastModifiedDate=now)
+        )
+    reopened = int(res.rowcount or 0)
+    if reopened:
+        log.info("retired connector pack incarnations drain again", incarnations=reopened)
+    return reopened
+
+
+def settle(engine: Engine) -> None:
+    """Every reconcile, before listing: :func:`fail_removed_items`, then :func:`reopen_retired`."""
+    fail_removed_items(engine)
+    reopen_retired(engine)

@@ -43,7 +43,8 @@ active ready generation or of another digest, a selected route missing or of
 an unsupported mode) is such a listing error with the seed's message: fatal
 at startup (the runtime refuses to start), every pool stopped later.
 Before listing, every reconcile fails the queued items of removed
-incarnations ``pack-removed`` (``incarnations.fail_removed_items``).
+incarnations ``pack-removed`` and reopens a retired incarnation that got a
+replayed item (``incarnations.settle``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from nexuscrm.connectors.enrich import (
     plan_batch,
     validate_batch_credentials,
 )
-from nexuscrm.connectors.incarnations import fail_removed_items, retire_drained
+from nexuscrm.connectors.incarnations import retire_drained, settle
 from nexuscrm.connectors.knobs import ConnectorKnobs, worker_key
 from nexuscrm.connectors.routes import ConnectorPackRow, still_installed
 from nexuscrm.connectors.serving import (
@@ -166,7 +167,7 @@ class Resolvers:
         projection_fingerprint
     )
     retire_drained: Callable[[Engine, str], bool] = retire_drained
-    fail_removed_items: Callable[[Engine], int] = fail_removed_items
+    settle_incarnations: Callable[[Engine], None] = settle
 
 
 # --- the plan -------------------------------------------------------------------------
@@ -205,10 +206,11 @@ def plan_reconcile(
     # A serving selection is exact authority: never preserve on a read error.
     preserve_on_read_error = mode == MODE_PERIODIC and selection is None
     try:
-        # Removed incarnations get no pool: their queued items fail pack-removed.
-        r.fail_removed_items(engine)
+        # Removed incarnations get no pool: their queued items fail pack-removed;
+        # a retired incarnation with a replayed item drains again.
+        r.settle_incarnations(engine)
     except Exception as exc:  # the next reconcile tries again
-        log.warning("failing items of removed connector packs failed", err=_msg(exc))
+        log.warning("settling connector pack incarnations failed", err=_msg(exc))
     try:
         desired = r.list_packs(engine, selection)
     except ServingSelectionError as exc:  # the seed's own message
