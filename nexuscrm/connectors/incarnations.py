@@ -169,6 +169,16 @@ def reopen_retired(engine: Engine) -> int:
         )
         .exists()
     )
+    with engine.connect() as conn:  # nearly always none: no write transaction then
+        if (
+            conn.execute(
+                select(inc.c.PackInstallId)
+                .where(inc.c.Status == INCARNATION_RETIRED, queued)
+                .limit(1)
+            ).first()
+            is None
+        ):
+            return 0
     now = utcnow().replace(microsecond=0)
     with engine.begin() as conn:
         res = conn.execute(
