@@ -76,7 +76,10 @@ class ConnectorActivities:
             list_packs=functools.partial(desired_packs, supported_modes=self.modes)
         )
         self.processor = Processor(
-            engine, flow_deadline=config.flow_deadline, role=settings.connector_role
+            engine,
+            flow_deadline=config.flow_deadline,
+            role=settings.connector_role,
+            selection=self.selection,
         )
 
     @activity.defn(name="connectors.reconcile_plan")

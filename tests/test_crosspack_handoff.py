@@ -449,10 +449,11 @@ def test_handoff_supervisor_refuses_a_selected_route_whose_mode_does_not_support
     sel = RuntimeServingSelection.load(
         selection_file(engine, tmp_path, ["gizmo.handoff", "gizmo.plain"])
     )
-    got = desired_packs(engine, sel, supported_modes=HANDOFF_MODES)
-    assert got.packs == []
-    (reason,) = got.blocked.values()
-    assert "gizmo.plain" in reason and "unsupported invocation mode 'flow'" in reason
+    # The seed refuses the whole selection (the runtime does not start).
+    with pytest.raises(ServingSelectionError) as info:
+        desired_packs(engine, sel, supported_modes=HANDOFF_MODES)
+    assert "gizmo.plain" in str(info.value)
+    assert "unsupported invocation mode 'flow'" in str(info.value)
     ok = RuntimeServingSelection.load(selection_file(engine, tmp_path, ["gizmo.handoff"]))
     assert [
         p.namespace for p in desired_packs(engine, ok, supported_modes=HANDOFF_MODES).packs

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from nexuscrm import catalog
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.connectors.serving import RuntimeServingSelection
+from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
 from nexuscrm.controlplane import metadata, packs_apply
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -61,24 +61,26 @@ def test_selection_serves_exactly_the_selected_pack(engine):
     assert got.blocked == {}
 
 
-def test_selection_with_a_stale_digest_blocks_the_pack(engine):
-    got = desired_packs(engine, selection(engine, payload_digest="0" * 64))
-    assert got.packs == []
-    (reason,) = got.blocked.values()
-    assert "payload digest does not match" in reason
+def test_selection_with_a_stale_digest_fails_the_listing(engine):
+    # The seed's lister: the whole selection is refused, never one pack left out.
+    with pytest.raises(ServingSelectionError, match="payload digest does not match"):
+        desired_packs(engine, selection(engine, payload_digest="0" * 64))
 
 
-def test_selection_of_a_pack_that_is_not_installed_blocks_it(engine):
-    got = desired_packs(engine, selection(engine, installed_pack_id="no-such-install"))
-    (reason,) = got.blocked.values()
-    assert "is not an active ready generation" in reason
+def test_selection_of_a_pack_that_is_not_installed_fails_the_listing(engine):
+    with pytest.raises(ServingSelectionError, match="is not an active ready generation"):
+        desired_packs(engine, selection(engine, installed_pack_id="no-such-install"))
 
 
-def test_selected_route_missing_from_the_payload_blocks_the_pack(engine):
+def test_empty_selection_has_no_route_authority(engine):
+    with pytest.raises(ServingSelectionError, match="route authority is unavailable"):
+        desired_packs(engine, RuntimeServingSelection())
+
+
+def test_selected_route_missing_from_the_payload_fails_the_listing(engine):
     routes = [{"event_kind": "salesforce.record.delete", "route_version": 1}]
-    got = desired_packs(engine, selection(engine, inbound_routes=routes))
-    (reason,) = got.blocked.values()
-    assert "salesforce.record.delete" in reason and "not found" in reason
+    with pytest.raises(ServingSelectionError, match=r"salesforce.record.delete.*not found"):
+        desired_packs(engine, selection(engine, inbound_routes=routes))
 
 
 def test_selected_handoff_route_is_refused_by_a_local_flow_supervisor(engine, tmp_path):
@@ -86,7 +88,10 @@ def test_selected_handoff_route_is_refused_by_a_local_flow_supervisor(engine, tm
         engine, [str(write_pack(tmp_path / "h.yaml", "runtime_command_handoff"))], False
     )
     packs_apply.apply_packs(engine, plan)
-    row = next(r for r in list_connector_packs(engine) if r.namespace == "hook-pack")
+    # The upgrade made a new incarnation (the replaced one drains).
+    row = next(
+        r for r in list_connector_packs(engine) if r.namespace == "hook-pack" and not r.drain_only
+    )
     sel = RuntimeServingSelection.model_validate(
         {
             "packs": [
@@ -99,9 +104,10 @@ def test_selected_handoff_route_is_refused_by_a_local_flow_supervisor(engine, tm
             ]
         }
     )
-    got = desired_packs(engine, sel)
-    (reason,) = got.blocked.values()
-    assert "unsupported invocation mode 'runtime_command_handoff'" in reason
+    with pytest.raises(
+        ServingSelectionError, match="unsupported invocation mode 'runtime_command_handoff'"
+    ):
+        desired_packs(engine, sel)
 
 
 def test_selection_file_round_trip(engine, tmp_path):

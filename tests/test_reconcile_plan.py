@@ -280,7 +280,9 @@ def test_drain_only_setup_failure_is_a_blocked_reason_never_a_fleet_failure(engi
     # The pack is removed between the listing and the credential check: skipped, not blocked.
     snapshot = desired_packs(engine, None)
     drain(engine, key, "removed")
-    p = plan(engine, "startup", resolvers=Resolvers(list_packs=lambda e, s: snapshot))
+    # (The sweep of removed packs' items ran before the removal.)
+    after_sweep = Resolvers(list_packs=lambda e, s: snapshot, settle_incarnations=lambda e: None)
+    p = plan(engine, "startup", resolvers=after_sweep)
     assert only(p).action == ACTION_STOP and "inactive" in only(p).reason and p.blocked == {}
 
 
@@ -288,9 +290,13 @@ def test_serving_selection_refuses_a_drain_only_generation(engine, tmp_path):
     key = install(engine, tmp_path, [profile()])
     sel = selection_for(engine)
     drain(engine, key)
+    # The selection no longer verifies: every pool stops (the seed's lister
+    # error), and a starting runtime refuses to start.
     p = plan(engine, "periodic", selection=sel)
-    assert p.decisions == []
-    assert "cannot start a drain-only generation" in p.blocked[key]
+    assert p.decisions == [] and p.stop_all and not p.fatal
+    assert "cannot start a drain-only generation" in p.error
+    p = plan(engine, "startup", selection=sel)
+    assert p.fatal and "cannot start a drain-only generation" in p.error
 
 
 # --- rule 7: enrichment contract ---------------------------------------------------------

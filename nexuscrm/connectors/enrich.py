@@ -14,6 +14,11 @@ fingerprint). Two profiles covering one kind degrade the pack to payload-only
 with a warning (the fleet shows it as degraded). Credentials are validated
 when a pool is built (:func:`validate_batch_credentials`), in a drain-only
 context (:class:`DrainOnlyContext`) for a drain-only incarnation.
+
+At runtime (:func:`pack_batch_client`) the reads use exactly the profiles
+admission checked: under a serving selection only the selected ones with
+their authorized credentials, and a drain-only incarnation reads in its
+drain-only context (:class:`DrainOnlyBatchReadClient`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from typing import Any, Protocol
 
 import httpx
 
+from nexuscrm.connectors.routes import ConnectorPackRow
+from nexuscrm.connectors.serving import (
+    RuntimeServingSelection,
+    ServingSelectionError,
+    selected_profiles,
+)
 from nexuscrm.errors import NexusError
 from nexuscrm.log import log
 from nexuscrm.packs.model import CalloutProfile
@@ -160,10 +171,14 @@ class HttpBatchReadClient:
 
 
 class PackInactiveError(EnrichmentError):
-    """A drain-only incarnation is no longer installed: skip it (``ErrConnectorPackInactive``)."""
+    """A drain-only incarnation is no longer installed: skip it (``ErrConnectorPackInactive``).
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retriable=False)
+    ``retriable``: False when a pool is built (the pool is skipped); True for
+    a runtime read (the item waits; a removal fails it ``pack-removed``).
+    """
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message, retriable=retriable)
 
 
 @dataclass(frozen=True)
@@ -331,3 +346,70 @@ def client_for_profiles(
             made[profile.name] = HttpBatchReadClient(profile, client, deadline=deadline, env=env)
         by_kind[kind] = made[profile.name]
     return RoutedBatchReadClient(by_kind)
+
+
+class DrainOnlyBatchReadClient:
+    """Batch reads of a drain-only incarnation, each in its drain-only context.
+
+    Port of the seed's ``drainOnlyBatchReadClient``
+    (``namedcredential.WithDrainOnlyInstalledPack`` around every
+    ``BatchRead``): before each read the incarnation must still be installed
+    (``context.still_installed()``), else :class:`PackInactiveError`
+    (retriable: the removal sweep fails the item ``pack-removed``) and nothing
+    is sent, so a removed pack's credential is never used to drain it.
+    """
+
+    def __init__(self, inner: BatchReadClient, context: DrainOnlyContext) -> None:
+        self.inner = inner
+        self.context = context
+
+    def batch_read(
+        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+    ) -> dict[str, dict[str, Any]]:
+        """``inner.batch_read`` while the incarnation is installed; raises ``PackInactiveError``."""
+        if not self.context.still_installed():
+            raise PackInactiveError(
+                f"connector pack {self.context.namespace} ({self.context.install_id}) is "
+                f"inactive: no batch read of {object_kind} for it",
+                retriable=True,
+            )
+        return self.inner.batch_read(namespace, object_kind, source_ids)
+
+
+def pack_batch_client(
+    row: ConnectorPackRow,
+    client: httpx.Client,
+    *,
+    deadline: timedelta | None,
+    selection: RuntimeServingSelection | None = None,
+    still_installed: Callable[[], bool] | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> BatchReadClient:
+    """The runtime batch-read client of one pack incarnation (the seed's ``buildBatchClient``).
+
+    Built from exactly the profiles admission checked
+    (:func:`~nexuscrm.connectors.serving.selected_profiles`: under a serving
+    selection only the selected profiles, with only their authorized
+    credentials; otherwise every profile of the incarnation's own payload).
+    A drain-only incarnation's credentials are resolved in its drain-only
+    context and every read is wrapped in :class:`DrainOnlyBatchReadClient`
+    (``still_installed`` re-reads the incarnation; required for a drain-only
+    ``row``). Raises ``EnrichmentError``: a selection that no longer admits
+    the pack (retriable: the fleet stops that pool), a missing credential or
+    required coverage (not retriable), :class:`PackInactiveError`.
+    """
+    try:
+        profiles = selected_profiles(row, selection)
+    except ServingSelectionError as exc:
+        raise EnrichmentError(str(exc), retriable=True) from exc
+    drain_only = None
+    if row.drain_only:
+        if still_installed is None:
+            raise ValueError(
+                f"drain-only pack {row.namespace} ({row.install_id}) needs still_installed"
+            )
+        drain_only = DrainOnlyContext(row.namespace, row.install_id, still_installed)
+    inner = client_for_profiles(profiles, client, deadline=deadline, env=env, drain_only=drain_only)
+    if drain_only is None or isinstance(inner, NoopBatchReadClient):
+        return inner
+    return DrainOnlyBatchReadClient(inner, drain_only)

@@ -29,7 +29,11 @@ from sqlalchemy import Connection
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors.desired import LOCAL_FLOW_MODES
 from nexuscrm.connectors.queue import ClaimedItem
-from nexuscrm.connectors.serving import RuntimeServingSelection, ServingSelectionError
+from nexuscrm.connectors.serving import (
+    RuntimeServingSelection,
+    ServingSelectionError,
+    require_route_authority,
+)
 from nexuscrm.db import tables as t
 from nexuscrm.packs.model import InboundRoute
 
@@ -63,9 +67,14 @@ def require_serving_selection(role: str, selection: RuntimeServingSelection | No
     Raises :class:`ServingSelectionError` ``connector inbound supervisor:
     Runtime handoff requires a serving selection`` (``NEXUS_SERVING_SELECTION``
     names the file) when ``role`` is ``handoff`` and ``selection`` is
-    ``None``; ``ValueError`` for an unknown role.
+    ``None``, and ``connector inbound supervisor: Runtime serving route
+    authority is unavailable`` for a selection that selects no route
+    (``serving.require_route_authority``, the seed's other pre-start check);
+    ``ValueError`` for an unknown role.
     """
     supported_modes(role)
+    if selection is not None:
+        require_route_authority(selection)
     if role == ROLE_HANDOFF and selection is None:
         raise ServingSelectionError(
             "connector inbound supervisor: Runtime handoff requires a serving selection "

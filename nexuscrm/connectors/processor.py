@@ -59,7 +59,7 @@ from sqlalchemy import Engine, select
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
-from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, client_for_profiles
+from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, pack_batch_client
 from nexuscrm.connectors.finishing import BatchOutcome, Finisher
 from nexuscrm.connectors.flows import (
     DependencyUnresolved,
@@ -77,7 +77,13 @@ from nexuscrm.connectors.handoff import (
     write_commands,
 )
 from nexuscrm.connectors.identity import Dependency
-from nexuscrm.connectors.routes import ConnectorPackRow, RouteNotFoundError, RouteResolver
+from nexuscrm.connectors.routes import (
+    ConnectorPackRow,
+    RouteNotFoundError,
+    RouteResolver,
+    still_installed,
+)
+from nexuscrm.connectors.serving import RuntimeServingSelection
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
@@ -125,6 +131,8 @@ class Processor:
 
     ``http`` is the client for webhook flows (one per process);
     ``flow_deadline`` bounds each external call (``None`` disables it);
+    ``selection``: the frozen serving selection, if any (batch reads then
+    use only its profiles and credentials, ``enrich.pack_batch_client``);
     ``role`` is ``local`` or ``handoff`` (see the module docstring; the
     handoff role's serving-selection requirement is checked where the
     selection is loaded, ``handoff.require_serving_selection``). Raises
@@ -139,7 +147,9 @@ class Processor:
         flow_deadline: dt.timedelta | None = dt.timedelta(minutes=10),
         max_attempts: int = MAX_ATTEMPTS,
         role: str = "local",
+        selection: RuntimeServingSelection | None = None,
     ) -> None:
+        self.selection = selection  # batch reads use only its profiles and credentials
         self.modes = supported_modes(role)
         self.role = role
         self.echo = SQLOutboundEchoProbe(engine)
@@ -379,11 +389,15 @@ class Processor:
         self._clients.clear()
 
     def _batch_client(self, install_id: str) -> BatchReadClient:
+        """The incarnation's batch-read client: selected profiles only, drain-only context."""
         client = self._clients.get(install_id)
         if client is None:
-            pack = self.routes.pack(install_id)
-            client = client_for_profiles(
-                pack.pack.callout_profiles, self.http, deadline=self.flow_deadline
+            client = pack_batch_client(
+                self.routes.pack(install_id),
+                self.http,
+                deadline=self.flow_deadline,
+                selection=self.selection,
+                still_installed=lambda: still_installed(self.engine, install_id),
             )
             self._clients[install_id] = client
         return client

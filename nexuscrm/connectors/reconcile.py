@@ -25,7 +25,8 @@ Outcome per pack (in the order the seed checks):
   capability or cutover gap always stops the pool (fail closed); another
   readiness-probe error keeps an already-running pool (warning), else stops it;
 * drain-only eligibility re-checked every reconcile: a drained queue stops
-  the pool silently; an eligibility read error blocks it;
+  the pool silently and retires an upgrade's replaced incarnation
+  (``incarnations.retire_drained``); an eligibility read error blocks it;
 * profiles and the projection fingerprint: a read error keeps the running
   pool in ``periodic`` mode, except under a serving selection (stop);
 * unchanged fingerprint and not forced: keep (the fleet wakes it);
@@ -36,7 +37,14 @@ failure, and an inactive drain-only pack is skipped. Outside startup a
 failure stops that pool and records its blocked reason; at startup any
 failure makes the whole plan ``fatal`` (nothing starts, the fleet fails).
 A listing error stops every pool under a serving selection (the seed), and
-keeps them otherwise (``error`` set; the seed returns the error).
+keeps them otherwise (``error`` set; the seed returns the error). Under a
+selection, a selection that does not verify (empty, a selected pack not an
+active ready generation or of another digest, a selected route missing or of
+an unsupported mode) is such a listing error with the seed's message: fatal
+at startup (the runtime refuses to start), every pool stopped later.
+Before listing, every reconcile fails the queued items of removed
+incarnations ``pack-removed`` and reopens a retired incarnation that got a
+replayed item (``incarnations.settle``).
 """
 
 from __future__ import annotations
@@ -58,12 +66,13 @@ from nexuscrm.connectors.enrich import (
     plan_batch,
     validate_batch_credentials,
 )
+from nexuscrm.connectors.incarnations import retire_drained, settle
 from nexuscrm.connectors.knobs import ConnectorKnobs, worker_key
-from nexuscrm.connectors.routes import ConnectorPackRow
+from nexuscrm.connectors.routes import ConnectorPackRow, still_installed
 from nexuscrm.connectors.serving import (
     RuntimeServingSelection,
     ServingSelectionError,
-    refuse_drain_only,
+    selected_profiles,
 )
 from nexuscrm.contracts import DesiredPack, ReconcileDecision, ReconcileOutcome
 from nexuscrm.db import tables as t
@@ -100,35 +109,8 @@ class _Fatal(Exception):
 def load_profiles(
     row: ConnectorPackRow, selection: RuntimeServingSelection | None
 ) -> list[CalloutProfile]:
-    """The profiles a pool may use (``runtimeServingProfileLoader`` under a selection).
-
-    Without a selection: every profile of the installed payload. Under one:
-    a drain-only generation is refused, and exactly the selected profiles are
-    loaded, each of whose credential references must be authorized by the
-    selection. Raises :class:`ServingSelectionError` naming pack and profile.
-    """
-    if selection is None:
-        return list(row.pack.callout_profiles)
-    refuse_drain_only(row.drain_only)
-    selected = selection.find_pack(row.namespace, row.install_id)
-    if selected is None:
-        raise ServingSelectionError(
-            "connector inbound supervisor: pack is outside Runtime serving selection"
-        )
-    by_name = {p.name.strip().lower(): p for p in row.pack.callout_profiles}
-    out = []
-    for sel in selected.callout_profiles:
-        profile = by_name.get(sel.name)
-        if profile is None:
-            raise ServingSelectionError(
-                f"load exact Runtime serving profile {row.namespace}/{sel.name}: "
-                "not in the installed payload"
-            )
-        selection.check_profile_credentials(
-            row.namespace, row.install_id, sel.name, [profile.credential_ref or ""]
-        )
-        out.append(profile)
-    return out
+    """The profiles a pool may use: :func:`nexuscrm.connectors.serving.selected_profiles`."""
+    return selected_profiles(row, selection)
 
 
 def projection_fingerprint(engine: Engine, profiles: Sequence[CalloutProfile]) -> str:
@@ -169,14 +151,6 @@ def drain_eligible(engine: Engine, row: ConnectorPackRow) -> bool:
     return bool(n)
 
 
-def still_installed(engine: Engine, install_id: str) -> bool:
-    """The incarnation is still installed (``active`` or ``draining``)."""
-    ip = t.installed_pack
-    with engine.connect() as conn:
-        status = conn.execute(select(ip.c.Status).where(ip.c.PackInstallId == install_id)).scalar()
-    return status in ("active", "draining")
-
-
 @dataclass
 class Resolvers:
     """The seed's injectable lister / loaders; defaults read the real database."""
@@ -192,6 +166,8 @@ class Resolvers:
     projection_fingerprint: Callable[[Engine, Sequence[CalloutProfile]], str] = (
         projection_fingerprint
     )
+    retire_drained: Callable[[Engine, str], bool] = retire_drained
+    settle_incarnations: Callable[[Engine], None] = settle
 
 
 # --- the plan -------------------------------------------------------------------------
@@ -230,7 +206,18 @@ def plan_reconcile(
     # A serving selection is exact authority: never preserve on a read error.
     preserve_on_read_error = mode == MODE_PERIODIC and selection is None
     try:
+        # Removed incarnations get no pool: their queued items fail pack-removed;
+        # a retired incarnation with a replayed item drains again.
+        r.settle_incarnations(engine)
+    except Exception as exc:  # the next reconcile tries again
+        log.warning("settling connector pack incarnations failed", err=_msg(exc))
+    try:
         desired = r.list_packs(engine, selection)
+    except ServingSelectionError as exc:  # the seed's own message
+        plan.error = str(exc)
+        plan.fatal = startup
+        plan.stop_all = not startup
+        return plan
     except Exception as exc:
         plan.error = f"connector inbound supervisor: list connector packs: {describe_error(exc)}"
         plan.fatal = startup
@@ -309,6 +296,11 @@ def _plan_row(
             fail("verify drain eligibility", exc)
             return
         if not eligible:
+            # An upgrade's replaced incarnation is retired once drained.
+            try:
+                r.retire_drained(engine, row.install_id)
+            except Exception as exc:  # retried at the next reconcile
+                log.warning("retiring a drained incarnation failed", pack=key, err=_msg(exc))
             decide(ACTION_STOP, "drain-only generation has an empty queue")
             return
 

@@ -43,22 +43,35 @@ class ConnectorPackRow:
 
 
 def list_connector_packs(engine: Engine) -> list[ConnectorPackRow]:
-    """Active and draining ConnectorPack incarnations, sorted by (namespace, install id)."""
-    if t.installed_pack.name not in table_names(engine):
+    """Active and draining ConnectorPack incarnations, sorted by (namespace, install id).
+
+    The current incarnation of each pack is its ``_System_InstalledPack`` row
+    (``active``, or ``draining``); earlier incarnations an upgrade replaced
+    while they had work are ``draining`` rows of
+    ``_System_ConnectorPackIncarnation`` (served drain-only, through their own
+    payload's routes, until their queue is empty).
+    """
+    present = table_names(engine)
+    if t.installed_pack.name not in present:
         return []
+    ip, inc = t.installed_pack, t.connector_pack_incarnation
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                t.installed_pack.c.Name,
-                t.installed_pack.c.PackInstallId,
-                t.installed_pack.c.Status,
-                t.installed_pack.c.PayloadHash,
-                t.installed_pack.c.Payload,
-            )
-            .where(t.installed_pack.c.Category == Category.ConnectorPack.value)
-            .where(t.installed_pack.c.Status.in_(["active", "draining"]))
-            .order_by(t.installed_pack.c.Name, t.installed_pack.c.PackInstallId)
-        ).all()
+        rows = list(
+            conn.execute(
+                select(ip.c.Name, ip.c.PackInstallId, ip.c.Status, ip.c.PayloadHash, ip.c.Payload)
+                .where(ip.c.Category == Category.ConnectorPack.value)
+                .where(ip.c.Status.in_(["active", "draining"]))
+            ).all()
+        )
+        if inc.name in present:
+            rows += conn.execute(
+                select(
+                    inc.c.Name, inc.c.PackInstallId, inc.c.Status, inc.c.PayloadHash, inc.c.Payload
+                )
+                .where(inc.c.Category == Category.ConnectorPack.value)
+                .where(inc.c.Status == "draining")
+            ).all()
+    rows.sort(key=lambda r: (r.Name, r.PackInstallId))
     return [
         ConnectorPackRow(
             r.Name,
@@ -70,6 +83,26 @@ def list_connector_packs(engine: Engine) -> list[ConnectorPackRow]:
         for r in rows
         if r.Payload
     ]
+
+
+def still_installed(engine: Engine, install_id: str) -> bool:
+    """The incarnation ``install_id`` is still installed: ``active`` or ``draining``.
+
+    Either the pack's current row (``_System_InstalledPack``) or an earlier
+    incarnation still draining (``_System_ConnectorPackIncarnation``). A
+    removed, retired or failed incarnation is not.
+    """
+    ip, inc = t.installed_pack, t.connector_pack_incarnation
+    with engine.connect() as conn:
+        status = conn.execute(select(ip.c.Status).where(ip.c.PackInstallId == install_id)).scalar()
+        if status in ("active", "draining"):
+            return True
+        if inc.name not in table_names(conn):
+            return False
+        status = conn.execute(
+            select(inc.c.Status).where(inc.c.PackInstallId == install_id)
+        ).scalar()
+    return status == "draining"
 
 
 class RouteResolver:

@@ -41,7 +41,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from nexuscrm.connectors.knobs import go_trim_space, worker_key
+from nexuscrm.connectors.routes import ConnectorPackRow
 from nexuscrm.errors import FatalError
+from nexuscrm.packs.model import CalloutProfile
 
 _PREFIX = "connector inbound supervisor: "
 _MAX_ROUTE_VERSION = 2**63 - 1  # the seed's math.MaxInt64 bound on a uint64 version
@@ -347,6 +349,53 @@ class RuntimeServingSelection(BaseModel):
         refuse_drain_only(drain_only)
 
 
+def require_route_authority(selection: RuntimeServingSelection) -> None:
+    """Refuse a selection that selects no route (the start check of ``verifyRuntimeServingRoutes``).
+
+    Raises :class:`ServingSelectionError` ``connector inbound supervisor:
+    Runtime serving route authority is unavailable`` when ``selection`` has no
+    route coordinate (an empty selection): the runtime must not start serving
+    nothing, silently.
+    """
+    if not selection.route_coordinates():
+        raise _fail("Runtime serving route authority is unavailable")
+
+
+def selected_profiles(
+    row: ConnectorPackRow, selection: RuntimeServingSelection | None
+) -> list[CalloutProfile]:
+    """The callout profiles a pool of ``row`` may use; port of ``runtimeServingProfileLoader``.
+
+    Without a selection: every profile of the installed payload. Under one: a
+    drain-only generation is refused, and exactly the selected profiles are
+    loaded, each of whose credential references must be authorized by the
+    selection (so only selected credentials are ever resolved). Both the
+    admission (reconcile) and the runtime batch reads (the processor's batch
+    clients) take their profiles from here. Raises
+    :class:`ServingSelectionError` naming pack and profile.
+    """
+    if selection is None:
+        return list(row.pack.callout_profiles)
+    refuse_drain_only(row.drain_only)
+    selected = selection.find_pack(row.namespace, row.install_id)
+    if selected is None:
+        raise _fail("pack is outside Runtime serving selection")
+    by_name = {p.name.strip().lower(): p for p in row.pack.callout_profiles}
+    out = []
+    for sel in selected.callout_profiles:
+        profile = by_name.get(sel.name)
+        if profile is None:
+            raise ServingSelectionError(
+                f"load exact Runtime serving profile {row.namespace}/{sel.name}: "
+                "not in the installed payload"
+            )
+        selection.check_profile_credentials(
+            row.namespace, row.install_id, sel.name, [profile.credential_ref or ""]
+        )
+        out.append(profile)
+    return out
+
+
 def refuse_drain_only(drain_only: bool = True) -> None:
     """Refuse a drain-only generation under a serving selection (``runtimeServingProfileLoader``).
 
@@ -421,4 +470,6 @@ __all__ = [
     "load",
     "normalize_runtime_serving_packs",
     "refuse_drain_only",
+    "require_route_authority",
+    "selected_profiles",
 ]

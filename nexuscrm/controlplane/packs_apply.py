@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, select, update
 
@@ -52,6 +53,10 @@ from nexuscrm.packs.ordering import order_packs
 # product): they carry the installing -> active | failed lifecycle and are
 # reapplied from their stored payload by every later ApplyAll.
 INSTALLED_CATEGORIES = (Category.AppPack, Category.ConnectorPack)
+
+# Statuses of ``_System_ConnectorPackIncarnation`` rows (earlier connector-pack incarnations).
+INCARNATION_DRAINING = "draining"
+INCARNATION_REMOVED = "removed"
 
 
 @dataclass(frozen=True)
@@ -266,14 +271,69 @@ def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
     return 0, added
 
 
+def _keep_incarnation(conn: Connection, row: Any, status: str, replaced_by: str) -> None:
+    """Keep connector-pack incarnation ``row`` (an ``_System_InstalledPack`` row) as ``status``."""
+    now = utcnow()
+    upsert(
+        conn,
+        t.connector_pack_incarnation,
+        [
+            {
+                "PackInstallId": row.PackInstallId,
+                "Name": row.Name,
+                "Category": row.Category,
+                "Version": row.Version,
+                "Status": status,
+                "PayloadHash": row.PayloadHash,
+                "Payload": row.Payload,
+                "Source": row.Source,
+                "ReplacedByInstallId": replaced_by,
+                "RetiredDate": now if status != INCARNATION_DRAINING else None,
+                "CreatedDate": now,
+                "LastModifiedDate": now,
+            }
+        ],
+        ["Status", "ReplacedByInstallId", "RetiredDate", "LastModifiedDate"],
+    )
+
+
+def _install_id_for(conn: Connection, pack: PackManifest, digest: str) -> str:
+    """The ``PackInstallId`` the pack's row gets now (one incarnation per connector payload).
+
+    An AppPack keeps its id. A ConnectorPack whose installed payload changes
+    (an upgrade) gets a new incarnation: the replaced one is kept in
+    ``_System_ConnectorPackIncarnation`` as ``draining``, so the fleet serves
+    its pending items through its own routes with a drain-only pool until its
+    queue is empty, then retires it. A ConnectorPack re-installed after
+    ``packs remove`` gets a new incarnation too (the removed one is recorded
+    ``removed``).
+    """
+    ip = t.installed_pack
+    row = conn.execute(select(ip).where(ip.c.Name == pack.name)).first()
+    if row is None or not row.PackInstallId:
+        return str(uuid.uuid4())
+    if pack.category is not Category.ConnectorPack or row.Category != pack.category.value:
+        return str(row.PackInstallId)
+    if row.Status in ("active", "draining") and row.PayloadHash != digest:
+        status = INCARNATION_DRAINING
+    elif row.Status == "removed":
+        status = INCARNATION_REMOVED
+    else:
+        return str(row.PackInstallId)
+    install_id = str(uuid.uuid4())
+    _keep_incarnation(conn, row, status, install_id)
+    log.info(
+        "connector pack incarnation replaced", pack=pack.name, old=row.PackInstallId,
+        new=install_id, old_status=status,
+    )  # fmt: skip
+    return install_id
+
+
 def _set_pack_row(
     conn: Connection, pack: PackManifest, status: str, digest: str, error: str | None
 ) -> None:
     now = utcnow()
-    existing = conn.execute(
-        select(t.installed_pack.c.PackInstallId).where(t.installed_pack.c.Name == pack.name)
-    ).scalar_one_or_none()
-    install_id = existing or str(uuid.uuid4())
+    install_id = _install_id_for(conn, pack, digest)
     upsert(
         conn,
         t.installed_pack,
@@ -419,9 +479,14 @@ def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
 
     Tables, columns and data stay (schema changes are additive, as in the
     seed); later ApplyAll runs no longer reapply the pack and the connector
-    fleet drains its pool. Raises ``PackError`` for an unknown or platform pack,
-    or one that another installed pack depends on (unless ``force``: a host
-    that removes the dependents next, or a test of what they do meanwhile).
+    fleet drains its pool. A connector pack's earlier incarnations still
+    draining are marked ``removed`` with it; the work items still queued for
+    them are failed ``pack-removed`` by the connector side
+    (``nexuscrm.connectors.incarnations.fail_removed_items``, run by ``nexusctl
+    packs remove`` and by every fleet reconcile). Raises ``PackError`` for an
+    unknown or platform pack, or one that another installed pack depends on
+    (unless ``force``: a host that removes the dependents next, or a test of
+    what they do meanwhile).
     """
     with engine.begin() as conn:
         row = conn.execute(
@@ -455,5 +520,12 @@ def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
             update(t.installed_pack)
             .where(t.installed_pack.c.Name == name)
             .values(Status="removed", LastModifiedDate=utcnow())
+        )
+        # Its earlier incarnations still draining are removed with it.
+        inc = t.connector_pack_incarnation
+        conn.execute(
+            update(inc)
+            .where(inc.c.Name == name, inc.c.Status == INCARNATION_DRAINING)
+            .values(Status=INCARNATION_REMOVED, RetiredDate=utcnow(), LastModifiedDate=utcnow())
         )
         return str(row.Status)

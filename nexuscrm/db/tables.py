@@ -68,13 +68,36 @@ installed_pack = Table(
     Column("Version", String(64), nullable=False, default=""),
     # Upgrade-time default is '' (the seed's MigratePackInstallIdBackfill heals it).
     Column("PackInstallId", String(64), nullable=False, default=""),
-    Column("Status", String(32), nullable=False),  # installing | active | failed
+    # installing | active | failed | removed (| draining: serve its queue, no new work)
+    Column("Status", String(32), nullable=False),
     Column("PayloadHash", String(64), nullable=False, default=""),
     Column("Payload", LongText, nullable=True),
     Column("Source", Text, nullable=True),
     Column("LastError", Text, nullable=True),
     Column("InstalledDate", DateTime, nullable=True),
     *_audit(),
+)
+
+# Earlier incarnations of a connector pack (``_System_InstalledPack`` holds one
+# row per name, the current one): an upgrade keeps the replaced incarnation
+# here as ``draining`` (its payload, so its pending items still resolve their
+# routes) until its queue is empty, then ``retired``; ``packs remove`` marks it
+# ``removed``. Keyed by the incarnation's PackInstallId.
+connector_pack_incarnation = Table(
+    "_System_ConnectorPackIncarnation",
+    system_metadata,
+    Column("PackInstallId", String(64), primary_key=True),
+    Column("Name", String(128), nullable=False),
+    Column("Category", String(32), nullable=False),
+    Column("Version", String(64), nullable=False, default=""),
+    Column("Status", String(32), nullable=False),  # draining | retired | removed
+    Column("PayloadHash", String(64), nullable=False, default=""),
+    Column("Payload", LongText, nullable=True),
+    Column("Source", Text, nullable=True),
+    Column("ReplacedByInstallId", String(64), nullable=True),
+    Column("RetiredDate", DateTime, nullable=True),
+    *_audit(),
+    Index("ix_ConnectorPackIncarnation_Name", "Name", "Status"),
 )
 
 object_meta = Table(

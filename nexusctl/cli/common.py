@@ -26,6 +26,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from nexuscrm.connectors import handoff, serving
+from nexuscrm.connectors.desired import verify_serving_selection
 from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.errors import NexusError
 from nexuscrm.log import configure_logging
@@ -135,13 +136,22 @@ def no_database(settings: Settings) -> str:
 
 def check_database(settings: Settings) -> None:
     """Connect once, so a wrong URL or password fails before anything starts; and
-    refuse the Runtime handoff role without a serving selection (the seed's start check)."""
+    refuse to start the runtime on a serving selection that does not verify (the
+    seed's ``StartContext`` checks): the handoff role without a selection, an
+    empty selection (``Runtime serving route authority is unavailable``), and a
+    selection the database does not admit (``desired.verify_serving_selection``:
+    pack generation, digest, routes and their modes, profiles and credentials).
+    Raises ``ServingSelectionError`` with the seed's message."""
     selection = serving.load(settings.serving_selection) if settings.serving_selection else None
     handoff.require_serving_selection(settings.connector_role, selection)
     engine = open_engine(settings)
     try:
         with engine.connect():
             pass
+        if selection is not None:
+            verify_serving_selection(
+                engine, selection, supported_modes=handoff.supported_modes(settings.connector_role)
+            )
     finally:
         engine.dispose()
 

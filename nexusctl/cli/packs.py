@@ -12,6 +12,7 @@ import yaml
 from rich.table import Table
 
 from nexuscrm.catalog import object_table
+from nexuscrm.connectors.incarnations import FAILURE_PACK_REMOVED, fail_removed_items
 from nexuscrm.controlplane.packs_apply import remove_pack
 from nexuscrm.errors import NexusError
 from nexuscrm.formulas import build_view_select, view_name
@@ -28,13 +29,19 @@ packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 
 @packs_app.command("remove")
 def packs_remove(name: str) -> None:
-    """Remove an installed app or connector pack (its tables and data stay)."""
+    """Remove an installed app or connector pack (its tables and data stay).
+
+    A connector pack's work items still queued (pending, processing, blocked)
+    are failed with class ``pack-removed`` (replayable), never left stranded.
+    """
     settings = load_settings()
     engine = require_engine(settings)
     try:
         previous = remove_pack(engine, name)
     except NexusError as exc:
         fail(str(exc))
+    # A removed connector pack gets no pool: its queued items fail pack-removed now.
+    stranded = fail_removed_items(engine)
 
     async def notify() -> bool:
         with contextlib.suppress(Exception):
@@ -44,6 +51,7 @@ def packs_remove(name: str) -> None:
     signalled = asyncio.run(notify())
     console.print(
         f"removed {name} (was {previous})"
+        + (f"; {stranded} queued work item(s) failed {FAILURE_PACK_REMOVED}" if stranded else "")
         + ("; connector fleet told to reconcile" if signalled else "")
     )
 
