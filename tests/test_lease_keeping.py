@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
+from temporalio.testing import ActivityEnvironment
 
+from activities.common import expect_progress, fatal_is_final, keep_alive, progress
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.lease_keeper import LeaseKeeper
@@ -55,6 +57,29 @@ from tests.builders import (
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_S = 3
 """A short lease, so a call of twice its length takes seconds."""
+
+
+def test_keep_alive_runs_while_the_phase_progresses_and_stops_when_it_stalls():
+    ticks: list[float] = []
+
+    @fatal_is_final
+    def phase() -> int:
+        keep_alive(lambda: ticks.append(time.monotonic()), 0.1)
+        expect_progress(1.0)
+        for _ in range(4):  # 2 s of steps, each well within the bound
+            time.sleep(0.5)
+            progress()
+        progressing = len(ticks)
+        time.sleep(3.0)  # one step hangs past the bound: the chore stops
+        return progressing
+
+    start = time.monotonic()
+    progressing = ActivityEnvironment().run(phase)
+    assert progressing >= 8, ticks  # ran through the 2 s of progress
+    assert ticks[-1] - start < 2.0 + 1.0 + 1.0, [t - start for t in ticks]
+    assert len(ticks) - progressing <= 20, len(ticks) - progressing  # 30 if never stopped
+    with pytest.raises(ValueError, match="every_seconds"):
+        keep_alive(lambda: None, 0)
 
 
 def test_lease_keeper_extends_held_leases_and_drops_ended_ones(db_url):
