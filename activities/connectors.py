@@ -2,7 +2,7 @@
 
 ``claim`` is short and runs as a local activity; ``process`` heartbeats and
 keeps the batch's leases alive while it works (a lease keeper on the
-heartbeat thread, independent of item boundaries), so no item is reclaimed
+ticker's chore thread, independent of item boundaries), so no item is reclaimed
 while its call still runs; ``release`` hands back the leases of a batch whose
 process failed or timed out (its worker died), so they are claimable at once.
 """
@@ -131,8 +131,8 @@ class ConnectorActivities:
     def process(self, req: ProcessRequest) -> BatchResult:
         """Load the claimed items and run them, keeping their leases alive meanwhile.
 
-        The leases are extended every third of the lease on the heartbeat
-        thread (:class:`LeaseKeeper` via ``keep_alive``), whatever an item or an
+        The leases are extended every third of the lease from the ticker's
+        chore thread (:class:`LeaseKeeper` via ``keep_alive``), whatever an item or an
         external call takes, for as long as the batch makes progress: an item
         or a batch read at least once per flow deadline plus a lease (the flow
         deadline bounds every external call; without one, the start-to-close

@@ -55,8 +55,11 @@ RELEASE_PATCH = "release-abandoned-batch"
 
 
 def process_heartbeat_timeout(config: InboundWorkerConfig) -> timedelta:
-    """The process activity's heartbeat timeout: the config's, or ``max(5 s, lease / 2)``."""
-    seconds = config.heartbeat_timeout_seconds or max(5.0, config.lease_seconds / 2)
+    """The process activity's heartbeat timeout: the config's, or (when that is not
+    positive) ``max(5 s, lease / 2)``."""
+    seconds = config.heartbeat_timeout_seconds
+    if seconds <= 0:
+        seconds = max(5.0, config.lease_seconds / 2)
     return timedelta(seconds=seconds)
 
 

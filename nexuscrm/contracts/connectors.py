@@ -19,11 +19,11 @@ from nexuscrm.contracts.identity import BlockedWait
 class InboundWorkerConfig:
     """One inbound worker: its pack incarnation, queue profile and budget.
 
-    lease_seconds: how long a claim is held without a heartbeat; idle_seconds:
+    lease_seconds: how long a claim is held unless its batch extends it; idle_seconds:
     how long the worker sleeps when it found nothing (a ``wake`` cuts it short);
     heartbeat_timeout_seconds: the process activity's heartbeat timeout, how
     long a dead worker's batch goes unnoticed before its leases are handed
-    back (``0``: ``max(5, lease_seconds / 2)``).
+    back (``<= 0``: ``max(5, lease_seconds / 2)``).
     """
 
     database_id: str
