@@ -58,7 +58,9 @@ class _Ticker:
     Every remote phase heartbeats, not only the ones with progress to report,
     so a worker that dies in any phase is noticed within the heartbeat timeout
     instead of the phase's start-to-close limit. The ticker repeats the last
-    details the phase reported, so resumable phases keep their progress.
+    details the phase reported, so resumable phases keep their progress. It is
+    the activity's only heartbeat source: :func:`heartbeat` hands it details,
+    :func:`progress` only restarts its stall clock.
 
     Local activities get no ticker (:func:`_wants_ticker`): they have no
     heartbeat timeout, the server never sees their heartbeats, and their
@@ -69,14 +71,23 @@ class _Ticker:
     (:func:`expect_progress`, then :func:`heartbeat` / :func:`progress` at each
     step) gets ``stall_after`` seconds between two reports, after which the
     ticker stops beating and the server times the attempt out one heartbeat
-    timeout later. Why a progress bound and not the flow deadline: the batch's
-    leases are extended only at item boundaries, so an item that hangs longer
-    than the lease has lost its leases whatever its deadline (another worker
-    reclaims the items); keeping its attempt alive past that would only make
-    the workflow wait on a batch that is no longer its own. ``process`` sets
-    ``stall_after`` to the lease length (:func:`expect_progress`). Phases that
-    report no progress (one long DDL statement) keep beating until they
-    return: their start-to-close bounds them.
+    timeout later. The bound is the phase's longest legitimate step, not a
+    guess at a typical one: ``process`` sets it to the flow deadline (which
+    bounds every external call) plus a lease, so a slow but legitimate call
+    is kept alive and only a hung one is timed out.
+
+    Chores (:func:`keep_alive`) run every ``every`` seconds for as long as the
+    ticker vouches for the attempt, on a second thread of the ticker (a chore
+    that waits on the database, such as a lease extension behind a finishing
+    transaction, never delays a heartbeat). ``process`` keeps its batch's
+    leases alive this way, so the leases live exactly as long as the
+    heartbeats (stopped by a stall, or when the phase returns) and never
+    depend on item boundaries. A chore's exception is logged and retried at
+    its next turn. Chores keep running after a cancellation: the phase still
+    finishes the step in hand (cancellation takes effect at its next safe
+    point), and that step still needs what the chore keeps (an attempt the
+    server already gave up has its leases handed back by the workflow, so
+    extending them then changes nothing).
     """
 
     def __init__(self, interval: float | None = None) -> None:
@@ -85,32 +96,62 @@ class _Ticker:
         self.stall_after: float | None = None
         self.last_progress = time.monotonic()
         self.stalled = False
+        self.chores: list[_Chore] = []
         self._stop = threading.Event()
         self._ctx = contextvars.copy_context()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._chore_thread: threading.Thread | None = None
 
     def beat(self, *details: Any) -> None:
         self.details = details
         self.last_progress = time.monotonic()
         activity.heartbeat(*details)
 
+    def _overdue(self) -> float | None:
+        """Seconds without progress when past ``stall_after`` (the attempt is hung), else None."""
+        stall = self.stall_after
+        quiet = time.monotonic() - self.last_progress
+        return quiet if self.stalled or (stall is not None and quiet > stall) else None
+
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                stall = self.stall_after
-                if stall is not None and time.monotonic() - self.last_progress > stall:
-                    # No progress for longer than the bound: stop vouching; the
-                    # server times the attempt out after its heartbeat timeout.
+                quiet = self._overdue()
+                if quiet is not None:
+                    # No progress for longer than the bound: stop vouching (the
+                    # chores stop too); the server times the attempt out after
+                    # its heartbeat timeout.
                     self.stalled = True
                     self._ctx.run(
                         activity.logger.warning,
                         "no progress for %.1f s (bound %.1f s): heartbeats stopped",
-                        time.monotonic() - self.last_progress,
-                        stall,
+                        quiet,
+                        self.stall_after,
                     )
                     return
                 self._ctx.run(activity.heartbeat, *self.details)
         except BaseException:  # a cancellation raised into this thread ends the ticker only
+            return
+
+    def add_chore(self, chore: _Chore) -> None:
+        """Run ``chore`` from now on (starts the chore thread with the first one)."""
+        self.chores.append(chore)
+        if self._chore_thread is None:
+            self._chore_thread = threading.Thread(target=self._run_chores, daemon=True)
+            self._chore_thread.start()
+
+    def _run_chores(self) -> None:
+        try:
+            while not self._stop.wait(
+                max(0.05, min(c.due for c in self.chores) - time.monotonic())
+            ):
+                if self._overdue() is not None:
+                    return  # hung: what the chores keep alive must lapse now
+                for chore in list(self.chores):
+                    if time.monotonic() >= chore.due:
+                        chore.due = time.monotonic() + chore.every
+                        self._ctx.run(chore.run)
+        except BaseException:  # a cancellation raised into this thread ends the chores only
             return
 
     def __enter__(self) -> _Ticker:
@@ -120,6 +161,23 @@ class _Ticker:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=1)
+        if self._chore_thread is not None:
+            self._chore_thread.join(timeout=1)
+
+
+class _Chore:
+    """A function the ticker runs every ``every`` seconds (see :func:`keep_alive`)."""
+
+    def __init__(self, fn: Callable[[], object], every: float) -> None:
+        self.fn = fn
+        self.every = every
+        self.due = time.monotonic() + every
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except Exception as exc:  # retried at its next turn
+            activity.logger.warning("ticker chore failed (retried): %s", describe_error(exc))
 
 
 def _wants_ticker() -> bool:
@@ -201,14 +259,16 @@ def progress() -> None:
         ticker.last_progress = time.monotonic()
 
 
-def expect_progress(within_seconds: float) -> None:
+def expect_progress(within_seconds: float | None) -> None:
     """From now on, keep heartbeating only while progress comes every ``within_seconds``.
 
     Progress is :func:`heartbeat` or :func:`progress`. When none came for
-    longer than ``within_seconds``, the ticker stops beating, so the server
-    times the attempt out (one heartbeat timeout later) instead of a hung
-    step keeping it alive until its start-to-close. See :class:`_Ticker` for
-    the choice of bound. Nothing outside a ticked activity.
+    longer than ``within_seconds``, the ticker stops beating (and running its
+    chores, :func:`keep_alive`), so the server times the attempt out (one
+    heartbeat timeout later) instead of a hung step keeping it alive until its
+    start-to-close. ``None`` lifts the bound (the start-to-close bounds the
+    phase). Pick the longest legitimate step as the bound (see
+    :class:`_Ticker`). Nothing outside a ticked activity.
     """
     ticker = _TICKER.get()
     if ticker is not None:
@@ -244,6 +304,25 @@ def lock_conflict_failure(exc: BaseException) -> ApplicationError | None:
     return ApplicationError(
         message, type=type(exc).__name__, category=ApplicationErrorCategory.BENIGN
     )
+
+
+def keep_alive(fn: Callable[[], object], every_seconds: float) -> None:
+    """Run ``fn`` every ``every_seconds`` from the ticker while the attempt lives.
+
+    For things that must live exactly as long as the activity is alive and
+    working, such as a batch's leases: ``fn`` runs until the phase returns or
+    the ticker stops vouching for it (:func:`expect_progress`), on the
+    ticker's chore thread (never the phase's own, nor the heartbeats'). The
+    first run is ``every_seconds`` from now. ``fn`` must be thread-safe with the phase; its
+    exceptions are logged and it is called again at its next turn. Raises
+    ``ValueError`` for a non-positive ``every_seconds``; in a local activity
+    or outside an activity (no ticker) ``fn`` never runs.
+    """
+    if not every_seconds > 0:
+        raise ValueError(f"keep_alive: every_seconds must be positive, got {every_seconds!r}")
+    ticker = _TICKER.get()
+    if ticker is not None:
+        ticker.add_chore(_Chore(fn, every_seconds))
 
 
 def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:

@@ -1,14 +1,15 @@
-"""Connector runtime activities: plan a reconcile, claim a batch, process it.
+"""Connector runtime activities: plan a reconcile, claim a batch, process it, release it.
 
 ``claim`` is short and runs as a local activity; ``process`` heartbeats and
-extends the batch's leases while it runs, so a dead worker's leases expire
-and another worker reclaims them.
+keeps the batch's leases alive while it works (a lease keeper on the
+ticker's chore thread, independent of item boundaries), so no item is reclaimed
+while its call still runs; ``release`` hands back the leases of a batch whose
+process failed or timed out (its worker died), so they are claimable at once.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,12 +19,14 @@ from temporalio import activity
 from activities.common import (
     expect_progress,
     fatal_is_final,
+    keep_alive,
     progress,
     raise_if_cancelled,
     stop_requested,
 )
 from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
+from nexuscrm.connectors.lease_keeper import LeaseKeeper
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.contracts import (
     BatchResult,
@@ -32,6 +35,7 @@ from nexuscrm.contracts import (
     ProcessRequest,
     ReconcileOutcome,
     ReconcileRequest,
+    ReleaseRequest,
 )
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
@@ -46,10 +50,6 @@ transactions. Claiming several of them at once keeps the profiles' ratios
 and the per-pack processing budget, with a quarter of the round trips."""
 CLAIM_MAX = 100
 """Largest claim a profile batch is scaled up to (a bulk worker's 100 stays 100)."""
-
-
-HEARTBEAT_EVERY_S = 1.0
-"""Least interval between two heartbeats of one process activity."""
 
 
 def claim_size(batch_size: int) -> int:
@@ -132,40 +132,49 @@ class ConnectorActivities:
     @activity.defn(name="connectors.process")
     @fatal_is_final
     def process(self, req: ProcessRequest) -> BatchResult:
-        """Load the claimed items and run them; heartbeat and extend leases as it goes.
+        """Load the claimed items and run them, keeping their leases alive meanwhile.
+
+        The leases are extended every third of the lease from the ticker's
+        chore thread (:class:`LeaseKeeper` via ``keep_alive``), whatever an item or an
+        external call takes, for as long as the batch makes progress: an item
+        or a batch read at least once per flow deadline plus a lease (the flow
+        deadline bounds every external call; without one, the start-to-close
+        bounds the batch). Past that, heartbeats and lease extension stop
+        together and the server times the attempt out (``expect_progress``);
+        the workflow then hands the leases back (``connectors.release``).
 
         Worker shutdown (or cancellation): no further item starts; the leases
         of the items not started are handed back at once (``released``), so
-        they are claimed again now, not when the lease expires. The batch must
-        reach an item boundary once per lease, else the heartbeats stop
-        (``expect_progress``) and the server times the attempt out.
+        they are claimed again now, not when the lease expires.
         """
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
+        keeper = LeaseKeeper(self.engine, leases, req.config.lease_seconds)
+        keep_alive(keeper.tick, keeper.every_seconds)
+        deadline = self.knobs.flow_deadline
+        expect_progress(
+            deadline.total_seconds() + keeper.lease_seconds if deadline is not None else None
+        )
         items = queue.load_claimed(self.engine, leases)
-        last_extend = last_beat = time.monotonic()
-        lease_s = req.config.lease_seconds
-        activity.heartbeat()
-        expect_progress(lease_s)
-
-        def beat() -> None:
-            # Called after every item; the heartbeat timeout is >= 5 s, so one
-            # heartbeat a second is plenty (each call costs a trip through the
-            # SDK's event loop, which batches of cheap items felt).
-            nonlocal last_extend, last_beat
-            progress()
-            now = time.monotonic()
-            if now - last_beat >= HEARTBEAT_EVERY_S:
-                activity.heartbeat()
-                last_beat = now
-            if now - last_extend > lease_s / 3:
-                queue.extend_leases(self.engine, leases, lease_s)
-                last_extend = time.monotonic()
-
-        outcome = self.processor.process(items, on_item=beat, should_stop=stop_requested)
+        outcome = self.processor.process(items, on_item=progress, should_stop=stop_requested)
         if outcome.released:
             log.warning("batch cut short; leases handed back", released=outcome.released)
         raise_if_cancelled()  # the finished items are committed, the rest handed back
         return outcome.result()
+
+    @activity.defn(name="connectors.release")
+    @fatal_is_final
+    def release(self, req: ReleaseRequest) -> int:
+        """Hand back the leases of a batch whose process activity failed or timed out.
+
+        Only leases still held by exactly these tokens are released
+        (``queue.release_leases``: pending again, an ``abandoned`` attempt with
+        ``CauseCode=req.cause_code``, as the stale reclaim records a dead
+        worker's); finished or reclaimed items are left alone. Returns how
+        many were released.
+        """
+        leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
+        items = queue.load_claimed(self.engine, leases)
+        return len(queue.release_leases(self.engine, items, cause_code=req.cause_code))
 
     @activity.defn(name="connectors.drain_orphan_pools")
     async def drain_orphan_pools(self, database_id: str) -> list[str]:
@@ -221,6 +230,7 @@ class ConnectorActivities:
             self.reconcile_plan,
             self.claim,
             self.process,
+            self.release,
             self.drain_orphan_pools,
             self.closed_pools,
         ]

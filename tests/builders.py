@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -448,11 +449,30 @@ async def invoke_async(args: Sequence[str], env: Mapping[str, str | None]) -> Re
 # --- endpoints ---------------------------------------------------------------------
 
 
+@dataclass
+class HookCall:
+    """One request :class:`HookServer` answered: body, headers, when it started and ended.
+
+    ``started`` / ``ended`` are ``time.monotonic()`` seconds; ``ended`` is
+    ``None`` while the request is in flight.
+    """
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+    started: float
+    ended: float | None = None
+
+
 class HookServer:
-    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay."""
+    """A local HTTP endpoint for webhook flows: scripted statuses, optional delay.
+
+    ``received`` are the request bodies; ``calls`` the same requests with their
+    headers and time spans (:class:`HookCall`).
+    """
 
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
+        self.calls: list[HookCall] = []
         self.script: dict[str, list[int]] = {}  # idempotency source id -> statuses to answer
         self.delay = 0.0
         outer = self
@@ -460,7 +480,17 @@ class HookServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                call = HookCall(body, dict(self.headers.items()), time.monotonic())
                 outer.received.append(body)
+                outer.calls.append(call)
+                try:
+                    self._answer(body)
+                except OSError:
+                    pass  # the client is gone (a killed worker): nobody reads the answer
+                finally:
+                    call.ended = time.monotonic()
+
+            def _answer(self, body: dict[str, Any]) -> None:
                 time.sleep(outer.delay)
                 key = (body.get("payload") or {}).get("key", "")
                 statuses = outer.script.get(key) or [200]

@@ -272,6 +272,7 @@ class ConnectorFleetWorkflow:
             generation=pack.generation,
             scheduler_owner_id=pack.scheduler_owner_id,
             fencing_token=pack.fencing_token,
+            heartbeat_timeout_seconds=self.inp.heartbeat_timeout_seconds,
         )
         self.inp.pools_started += 1
         pack.supervisor_workflow_id = supervisor_workflow_id(

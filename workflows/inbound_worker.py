@@ -1,9 +1,12 @@
 """``InboundWorkerWorkflow``: one worker of a pack's pool (port of ``connector_inbound.Worker``).
 
-Claim a batch (local activity), process it (activity, heartbeating), notify
-identity waits of what it blocked or resolved, sleep until ``wake`` or the
-idle timer, continue-as-new before history grows large. Started as a child
-by ``PackSupervisorWorkflow`` (``workflows.pack_supervisor``).
+Claim a batch (local activity), process it (activity, heartbeating and
+keeping the batch's leases alive), notify identity waits of what it blocked
+or resolved, sleep until ``wake`` or the idle timer, continue-as-new before
+history grows large. A batch whose process activity failed or timed out (its
+worker died) has its leases handed back at once (``connectors.release``), so
+a crash costs the heartbeat timeout, not the lease. Started as a child by
+``PackSupervisorWorkflow`` (``workflows.pack_supervisor``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.connectors import ConnectorActivities
@@ -23,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from nexuscrm.contracts import (
         InboundWorkerConfig,
         ProcessRequest,
+        ReleaseRequest,
         WaitNotifyRequest,
     )
 
@@ -42,6 +47,20 @@ CLAIM_RETRY = RetryPolicy(
 """The claim's bounded retries (~15 s of backoff): a claim that keeps failing fails the
 worker, and the supervisor restarts it with backoff (visible as a restart). Local
 activities record only their result, so this policy is free to change (no patch)."""
+
+
+RELEASE_PATCH = "release-abandoned-batch"
+"""Patch id: a batch whose process activity failed hands its leases back at once
+(``connectors.release``)."""
+
+
+def process_heartbeat_timeout(config: InboundWorkerConfig) -> timedelta:
+    """The process activity's heartbeat timeout: the config's, or (when that is not
+    positive) ``max(5 s, lease / 2)``."""
+    seconds = config.heartbeat_timeout_seconds
+    if seconds <= 0:
+        seconds = max(5.0, config.lease_seconds / 2)
+    return timedelta(seconds=seconds)
 
 
 def worker_workflow_id(config: InboundWorkerConfig) -> str:
@@ -81,6 +100,32 @@ class InboundWorkerWorkflow:
         """Stop claiming; finish the batch in hand and return."""
         self.draining = True
 
+    async def _release(self, leases: list[Any], err: ActivityError) -> None:
+        """Hand back the leases of a batch whose process activity ended without a result.
+
+        The attempt failed or timed out (its worker died: the heartbeat timeout),
+        so its items are claimable now instead of when their leases expire. Only
+        leases still held by these tokens are released (an item the batch
+        finished, or another worker reclaimed, is left alone); each released
+        item gets an ``abandoned`` attempt with ``CauseCode`` ``activity-timeout``
+        or ``activity-failed``. A failed release is logged: the leases then
+        expire as before.
+        """
+        cause = "activity-timeout" if isinstance(err.cause, ActivityTimeout) else "activity-failed"
+        try:
+            released = await workflow.execute_activity_method(
+                ConnectorActivities.release,
+                ReleaseRequest(leases, cause),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+            )
+        except ActivityError as release_err:
+            workflow.logger.warning("batch leases not handed back (they expire): %s", release_err)
+        else:
+            workflow.logger.warning(
+                "batch abandoned (%s), %d leases handed back: %s", cause, released, err
+            )
+
     async def _notify(
         self, config: InboundWorkerConfig, blocked: list[Any], wake_keys: list[str]
     ) -> None:
@@ -117,13 +162,21 @@ class InboundWorkerWorkflow:
                         ConnectorActivities.process,
                         ProcessRequest(config, leases),
                         start_to_close_timeout=timedelta(minutes=30),
-                        heartbeat_timeout=timedelta(seconds=max(5.0, config.lease_seconds / 2)),
+                        heartbeat_timeout=process_heartbeat_timeout(config),
                         # Never retried with the same leases: if the process died, its
-                        # leases expire and the stale reclaim records the abandoned attempt.
+                        # leases are handed back (or, before RELEASE_PATCH, expire and
+                        # the stale reclaim records the abandoned attempt).
                         retry_policy=RetryPolicy(maximum_attempts=1),
                     )
                 except ActivityError as err:
-                    workflow.logger.warning("batch abandoned, leases will expire: %s", err)
+                    # A cancelled batch is still running its item in hand and hands
+                    # the rest back itself: only a failed or timed-out one is released.
+                    if not isinstance(err.cause, CancelledError) and workflow.patched(
+                        RELEASE_PATCH
+                    ):
+                        await self._release(leases, err)
+                    else:
+                        workflow.logger.warning("batch abandoned, leases will expire: %s", err)
                 else:
                     if result.blocked or result.wake_keys:
                         await self._notify(config, result.blocked, result.wake_keys)

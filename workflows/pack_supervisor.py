@@ -167,6 +167,7 @@ class PackSupervisorWorkflow:
             scheduler_owner_id=c.scheduler_owner_id,
             fencing_token=c.fencing_token,
             drain_only=c.drain_only,
+            heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
         )
 
     async def _supervise(self, slot: _Slot) -> None:

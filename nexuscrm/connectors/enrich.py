@@ -23,11 +23,12 @@ drain-only context (:class:`DrainOnlyBatchReadClient`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -53,13 +54,35 @@ class EnrichmentError(NexusError):
         self.retriable = retriable
 
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""The header every external call carries (webhook POSTs and batch reads).
+
+External effects are at-least-once: a call in flight when its worker dies
+(or whose answer is lost) is made again by the next attempt, with the same
+key, so the remote end can recognize the repeat."""
+
+
+def batch_read_key(work_ids: Iterable[str]) -> str:
+    """The idempotency key of one batch read: ``batch-read:<sha256 of the sorted work ids>``.
+
+    The same group of items (a repeat after a crash) reads with the same key.
+    """
+    digest = hashlib.sha256("\n".join(sorted(work_ids)).encode("utf-8")).hexdigest()
+    return f"batch-read:{digest[:32]}"
+
+
 class BatchReadClient(Protocol):
     """Reads remote records: ``{source id: {field: value}}`` for the ids it found."""
 
     def batch_read(
-        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+        self,
+        namespace: str,
+        object_kind: str,
+        source_ids: Sequence[str],
+        *,
+        idempotency_key: str | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """One call for all ``source_ids`` of one object kind."""
+        """One call for all ``source_ids`` of one object kind (``idempotency_key``: its header)."""
         ...
 
 
@@ -67,7 +90,12 @@ class NoopBatchReadClient:
     """The payload-only path: enriches nothing."""
 
     def batch_read(
-        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+        self,
+        namespace: str,
+        object_kind: str,
+        source_ids: Sequence[str],
+        *,
+        idempotency_key: str | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Always ``{}``."""
         return {}
@@ -119,10 +147,16 @@ class HttpBatchReadClient:
         )
 
     def batch_read(
-        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+        self,
+        namespace: str,
+        object_kind: str,
+        source_ids: Sequence[str],
+        *,
+        idempotency_key: str | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Read ``source_ids``; kinds the profile does not map are not read (``{}``).
 
+        ``idempotency_key`` goes as the ``Idempotency-Key`` header when given.
         Raises ``EnrichmentError``: 429/5xx/timeouts/transport errors are
         retriable, other statuses and malformed answers are not.
         """
@@ -134,12 +168,15 @@ class HttpBatchReadClient:
         body: dict[str, Any] = {"namespace": namespace, "ids": list(source_ids)}
         if self.profile.projection_fields:
             body["fields"] = list(self.profile.projection_fields)
+        headers = dict(self.headers)
+        if idempotency_key:
+            headers[IDEMPOTENCY_HEADER] = idempotency_key
         start = time.monotonic()
         try:
             # Streamed so the deadline bounds the whole read, not each socket
             # operation: a server trickling bytes would otherwise pin the lane.
             with self.client.stream(
-                "POST", url, json=body, headers=self.headers, timeout=timeout
+                "POST", url, json=body, headers=headers, timeout=timeout
             ) as response:
                 chunks = []
                 for chunk in response.iter_bytes():
@@ -309,11 +346,20 @@ class RoutedBatchReadClient:
         self.by_kind = dict(by_kind)
 
     def batch_read(
-        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+        self,
+        namespace: str,
+        object_kind: str,
+        source_ids: Sequence[str],
+        *,
+        idempotency_key: str | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Read through the profile covering ``object_kind``; ``{}`` for an uncovered kind."""
         client = self.by_kind.get(object_kind)
-        return client.batch_read(namespace, object_kind, source_ids) if client else {}
+        if client is None:
+            return {}
+        return client.batch_read(
+            namespace, object_kind, source_ids, idempotency_key=idempotency_key
+        )
 
 
 def client_for_profiles(
@@ -364,7 +410,12 @@ class DrainOnlyBatchReadClient:
         self.context = context
 
     def batch_read(
-        self, namespace: str, object_kind: str, source_ids: Sequence[str]
+        self,
+        namespace: str,
+        object_kind: str,
+        source_ids: Sequence[str],
+        *,
+        idempotency_key: str | None = None,
     ) -> dict[str, dict[str, Any]]:
         """``inner.batch_read`` while the incarnation is installed; raises ``PackInactiveError``."""
         if not self.context.still_installed():
@@ -373,7 +424,9 @@ class DrainOnlyBatchReadClient:
                 f"inactive: no batch read of {object_kind} for it",
                 retriable=True,
             )
-        return self.inner.batch_read(namespace, object_kind, source_ids)
+        return self.inner.batch_read(
+            namespace, object_kind, source_ids, idempotency_key=idempotency_key
+        )
 
 
 def pack_batch_client(

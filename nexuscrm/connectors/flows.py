@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine, MetaData, Table, bindparam, select
 
 from nexuscrm.catalog import Catalog, CatalogObject
 from nexuscrm.clock import utcnow
+from nexuscrm.connectors.enrich import IDEMPOTENCY_HEADER
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.model import NUMERIC_TYPES, REFERENCE_TYPES, FieldSpec, FieldType
@@ -537,15 +538,24 @@ def upsert_records(
 
 
 def post_webhook(
-    client: httpx.Client, url: str, event: dict[str, Any], *, timeout_s: float | None
+    client: httpx.Client,
+    url: str,
+    event: dict[str, Any],
+    *,
+    timeout_s: float | None,
+    idempotency_key: str | None = None,
 ) -> int:
     """POST ``event`` as JSON to ``url``; return the HTTP status.
 
+    ``idempotency_key`` (the work id: equal on every attempt of one item, a
+    repeat after a crash included) goes as the ``Idempotency-Key`` header:
+    the POST is at-least-once, the key lets the receiver drop a repeat.
     Raises ``FlowError``: ``webhook-http-<status>`` (retriable for 429 and 5xx),
     ``webhook-timeout`` and ``webhook-transport`` (retriable).
     """
+    headers = {IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else None
     try:
-        response = client.post(url, json=event, timeout=timeout_s)
+        response = client.post(url, json=event, timeout=timeout_s, headers=headers)
     except httpx.TimeoutException as exc:
         raise FlowError("webhook-timeout", f"POST {url} timed out", retriable=True) from exc
     except httpx.TransportError as exc:

@@ -59,7 +59,12 @@ from sqlalchemy import Engine, select
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.echo import EchoCandidate, SQLOutboundEchoProbe
-from nexuscrm.connectors.enrich import BatchReadClient, EnrichmentError, pack_batch_client
+from nexuscrm.connectors.enrich import (
+    BatchReadClient,
+    EnrichmentError,
+    batch_read_key,
+    pack_batch_client,
+)
 from nexuscrm.connectors.finishing import BatchOutcome, Finisher
 from nexuscrm.connectors.flows import (
     DependencyUnresolved,
@@ -169,7 +174,7 @@ class Processor:
         on_item: Callable[[], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> BatchOutcome:
-        """Process ``items``; ``on_item`` runs after each (the heartbeat).
+        """Process ``items``; ``on_item`` runs after each item and each batch read (progress).
 
         ``should_stop`` is asked before each chunk and each single item: once
         it says yes (the worker shuts down), no further item starts and the
@@ -181,13 +186,12 @@ class Processor:
         the ``upsert_record`` items (and items that fail before any flow runs)
         go through :meth:`_flow_chunk`, ``CHUNK`` at a time, one transaction
         each; webhook items run one by one after them (an external call per
-        item). ``on_item`` is never called inside a transaction: it may
-        extend the leases, which the open transaction holds locked.
+        item). ``on_item`` is never called inside a transaction.
         """
         batch = _Batch()
         outcome = batch.outcome
         try:
-            batched, single = self._prepare(items, batch)
+            batched, single = self._prepare(items, batch, on_item)
         except Exception as exc:  # one bad item must not sink its batch-mates
             log.warning(
                 "batch preparation raised; preparing its items one by one",
@@ -197,7 +201,7 @@ class Processor:
             batched, single = [], []
             for item in items:
                 try:
-                    b, one = self._prepare([item], batch)
+                    b, one = self._prepare([item], batch, on_item)
                 except Exception as item_exc:
                     self.finish.unexpected(item, item_exc, outcome)
                     continue
@@ -243,21 +247,25 @@ class Processor:
         return outcome
 
     def _prepare(
-        self, items: Sequence[queue.ClaimedItem], batch: _Batch
+        self,
+        items: Sequence[queue.ClaimedItem],
+        batch: _Batch,
+        on_read: Callable[[], None] | None = None,
     ) -> tuple[list[tuple[queue.ClaimedItem, _Plan]], list[queue.ClaimedItem]]:
         """Split ``items`` into chunkable ``(item, plan)`` pairs and one-by-one items.
 
         Fails at once what can never run (a payload that is not a JSON object:
         ``payload-invalid``), refuses replays that a later event of their
         record superseded (``replay-superseded``), finishes outbound echoes,
-        reads the companions, enriches and resolves each item's route. Raises
+        reads the companions, enriches (``on_read`` after each batch read) and
+        resolves each item's route. Raises
         whatever a step raises (the caller retries the items one by one, so
         one bad item fails alone).
         """
         items = self.finish.unrunnable(items, batch.outcome)
         items = self._finish_echoes(items, batch.outcome)
         batch.companions = {**batch.companions, **self._companion_states(items)}
-        items, enrich_errors = self._enrich(items)
+        items, enrich_errors = self._enrich(items, on_read=on_read)
         batched: list[tuple[queue.ClaimedItem, _Plan]] = []
         single: list[queue.ClaimedItem] = []
         for item in items:
@@ -403,13 +411,17 @@ class Processor:
         return client
 
     def _enrich(
-        self, items: Sequence[queue.ClaimedItem]
+        self,
+        items: Sequence[queue.ClaimedItem],
+        on_read: Callable[[], None] | None = None,
     ) -> tuple[list[queue.ClaimedItem], dict[str, FlowError]]:
         """Lay each record's current remote fields over its payload fields.
 
         One batch read per (pack, namespace, source object) for the whole
-        batch. A failed read fails only the items of that group, with class
-        ``enrichment-failed`` (retried when the error is retriable).
+        batch, its idempotency key derived from the group's work ids
+        (:func:`batch_read_key`); ``on_read`` runs after each. A failed read
+        fails only the items of that group, with class ``enrichment-failed``
+        (retried when the error is retriable).
         """
         groups: dict[tuple[str, str, str], list[queue.ClaimedItem]] = {}
         for item in items:
@@ -421,7 +433,12 @@ class Processor:
         for (install_id, namespace, source_object), members in groups.items():
             try:
                 client = self._batch_client(install_id)
-                remote = client.batch_read(namespace, source_object, [m.source_id for m in members])
+                remote = client.batch_read(
+                    namespace,
+                    source_object,
+                    [m.source_id for m in members],
+                    idempotency_key=batch_read_key(m.work_id for m in members),
+                )
             except RouteNotFoundError:
                 continue  # the item fails with route-not-found in _plan
             except EnrichmentError as exc:
@@ -430,6 +447,9 @@ class Processor:
                         "enrichment-failed", str(exc), retriable=exc.retriable
                     )
                 continue
+            finally:
+                if on_read is not None:
+                    on_read()
             for m in members:
                 fields = remote.get(m.source_id)
                 if fields:
@@ -600,6 +620,7 @@ class Processor:
                     str(route.webhook_url),
                     {"event_id": item.event_id, "kind": item.event_kind, "payload": item.payload},
                     timeout_s=timeout,
+                    idempotency_key=item.work_id,
                 )
                 with self.engine.begin() as conn:
                     queue.finish_succeeded(conn, item)

@@ -19,8 +19,11 @@ from nexuscrm.contracts.identity import BlockedWait
 class InboundWorkerConfig:
     """One inbound worker: its pack incarnation, queue profile and budget.
 
-    lease_seconds: how long a claim is held without a heartbeat; idle_seconds:
-    how long the worker sleeps when it found nothing (a ``wake`` cuts it short).
+    lease_seconds: how long a claim is held unless its batch extends it; idle_seconds:
+    how long the worker sleeps when it found nothing (a ``wake`` cuts it short);
+    heartbeat_timeout_seconds: the process activity's heartbeat timeout, how
+    long a dead worker's batch goes unnoticed before its leases are handed
+    back (``<= 0``: ``max(5, lease_seconds / 2)``).
     """
 
     database_id: str
@@ -41,6 +44,7 @@ class InboundWorkerConfig:
     scheduler_owner_id: str = ""
     fencing_token: str = ""
     drain_only: bool = False
+    heartbeat_timeout_seconds: float = 0.0
 
 
 @dataclass
@@ -65,6 +69,15 @@ class ProcessRequest:
 
     config: InboundWorkerConfig
     leases: list[ClaimedLease]
+
+
+@dataclass
+class ReleaseRequest:
+    """release activity input: the leases of a batch whose process activity ended
+    without a result, and the ``CauseCode`` of the abandoned attempts it records."""
+
+    leases: list[ClaimedLease]
+    cause_code: str
 
 
 @dataclass
@@ -117,6 +130,8 @@ class SupervisorConfig:
     # The supervisor's workflow id as the fleet named it (the pool generation is part
     # of it); worker ids derive from it, from the input, so a replay names them alike.
     pool_id: str = ""
+    # The workers' process heartbeat timeout (0: derived from the lease).
+    heartbeat_timeout_seconds: float = 0.0
 
 
 @dataclass
@@ -189,6 +204,9 @@ class FleetInput:
     fleet_epoch: str = ""
     blocked: dict[str, str] = field(default_factory=dict)
     degraded: dict[str, str] = field(default_factory=dict)
+    # The inbound workers' process heartbeat timeout: how long a dead worker's
+    # batch holds its leases (0: max(5, lease_seconds / 2)).
+    heartbeat_timeout_seconds: float = 0.0
 
 
 @dataclass
