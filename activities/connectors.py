@@ -107,7 +107,10 @@ class ConnectorActivities:
 
         Nothing (``[]``) once the worker shuts down: a batch claimed now could
         not be processed here, and its leases would wait out their expiry.
-        Raises ``ClaimSchemaMissing`` (non-retryable) on a missing table/column.
+        Claims under the config's fence (generation, fencing token). Raises
+        ``ClaimSchemaMissing`` (non-retryable) on a missing table/column and
+        ``FenceSuperseded`` (non-retryable) when the worker's pool generation
+        was superseded: the worker fails and takes nothing.
         """
         if stop_requested():
             return []
@@ -122,6 +125,8 @@ class ConnectorActivities:
                 lease_owner=req.lease_owner,
                 lease_seconds=c.lease_seconds,
                 max_processing_rows=c.max_processing_rows,
+                generation=c.generation,
+                fencing_token=c.fencing_token,
             ),
         )
         return [ClaimedLease(work_id, token) for work_id, token in leases]
@@ -135,10 +140,14 @@ class ConnectorActivities:
         of the items not started are handed back at once (``released``), so
         they are claimed again now, not when the lease expires. The batch must
         reach an item boundary once per lease, else the heartbeats stop
-        (``expect_progress``) and the server times the attempt out.
+        (``expect_progress``) and the server times the attempt out. Only items
+        held under the worker's claim fence are loaded; leases are extended
+        under it; once its pool generation is superseded (checked at most once
+        a second, between items), no further item starts.
         """
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
-        items = queue.load_claimed(self.engine, leases)
+        fence = req.config.fencing_token
+        items = queue.load_claimed(self.engine, leases, fence)
         last_extend = last_beat = time.monotonic()
         lease_s = req.config.lease_seconds
         activity.heartbeat()
@@ -155,10 +164,27 @@ class ConnectorActivities:
                 activity.heartbeat()
                 last_beat = now
             if now - last_extend > lease_s / 3:
-                queue.extend_leases(self.engine, leases, lease_s)
+                queue.extend_leases(self.engine, leases, lease_s, fencing_token=fence)
                 last_extend = time.monotonic()
 
-        outcome = self.processor.process(items, on_item=beat, should_stop=stop_requested)
+        c = req.config
+        fenced = {"at": time.monotonic(), "out": False}
+
+        def superseded() -> bool:
+            # A newer pool generation took the pack's claim fence and revoked these
+            # leases: start no further item (its flow would be refused at finish,
+            # and an external call in it would repeat under the new pool).
+            now = time.monotonic()
+            if not fenced["out"] and now - fenced["at"] >= HEARTBEAT_EVERY_S:
+                fenced["at"] = now
+                fenced["out"] = not queue.fence_holds(
+                    self.engine, c.install_id, c.generation, c.fencing_token
+                )
+            return bool(fenced["out"])
+
+        outcome = self.processor.process(
+            items, on_item=beat, should_stop=lambda: stop_requested() or superseded()
+        )
         if outcome.released:
             log.warning("batch cut short; leases handed back", released=outcome.released)
         raise_if_cancelled()  # the finished items are committed, the rest handed back

@@ -51,6 +51,11 @@ check the rowcount, a claim batch is one UPDATE whose winners are read back by
 their fresh, unique tokens. SQLite: ``BEGIN IMMEDIATE`` takes the database
 write lock up front, which serializes the same sections.
 
+Claim fences (:mod:`.fencing`): each pack's claims belong to the pool generation
+that took its current fence; a claim under another fence is refused, the take-over
+revokes the older fence's leases, and every claim stamps ``FencingToken`` and
+``Generation``; finishes, extensions and releases compare both tokens.
+
 Scope: source lanes are global (the lane key starts with the pack's
 namespace); the live-lease check of target lanes and the budget look at the
 claiming pack's rows (the claim index), since ``TargetMutationLaneKey`` has no
@@ -66,6 +71,7 @@ Modules (import from the package: it re-exports every public name)::
     locking     the enqueue / claim locks, the SQLite writer guard, write_transaction
     enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
     claiming    claim, claim_leases, load_claimed
+    fencing     claim fences: take_fence, check_claim_fence, fence_holds, FenceSuperseded
     scan        the claim's candidate scan (lane heads, target lanes, budget)
     leases      extend_leases, hold_leases, release_leases, finish_*, retry_backoff,
                 attempt rows
@@ -75,6 +81,14 @@ Modules (import from the package: it re-exports every public name)::
 
 from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
 from nexuscrm.connectors.queue.enqueueing import enqueue, replay
+from nexuscrm.connectors.queue.fencing import (
+    FENCE_SUPERSEDED_CAUSE,
+    FenceSuperseded,
+    check_claim_fence,
+    current_fence,
+    fence_holds,
+    take_fence,
+)
 from nexuscrm.connectors.queue.leases import (
     extend_leases,
     finish_failed,
@@ -139,6 +153,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     InvalidWorkRequest,
     LeaseLost,
     QueueLockTimeout,
+    fence_value,
     lane_key,
     normalize_queue_class,
 )
@@ -147,6 +162,7 @@ __all__ = [
     "CLAIMABLE_WORK_TYPES",
     "ENQUEUE_LOCK_NAME",
     "EVENT_ID_PREFIX",
+    "FENCE_SUPERSEDED_CAUSE",
     "LOCK_WAIT_SECONDS",
     "NON_TERMINAL_STATES",
     "OUTCOME_ABANDONED",
@@ -173,6 +189,7 @@ __all__ = [
     "ClaimedItem",
     "EnqueueRequest",
     "EnqueueResult",
+    "FenceSuperseded",
     "InvalidWorkRequest",
     "LeaseLost",
     "PackQueueStats",
@@ -180,12 +197,16 @@ __all__ = [
     "block_item",
     "blocked_keys",
     "blocked_rows",
+    "check_claim_fence",
     "claim",
     "claim_leases",
     "convert_parked",
+    "current_fence",
     "enqueue",
     "expire_blocked",
     "extend_leases",
+    "fence_holds",
+    "fence_value",
     "finish_failed",
     "finish_retry",
     "finish_succeeded",
@@ -202,6 +223,7 @@ __all__ = [
     "release_leases",
     "replay",
     "retry_backoff",
+    "take_fence",
     "terminalize_invalid",
     "wake_blocked",
     "wake_blocked_by_pack",

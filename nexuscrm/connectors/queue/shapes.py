@@ -82,6 +82,11 @@ class ClaimedItem:
     companion_pack_install_id: str | None = None
     """The event's frozen companion AppPack incarnation (``None``: not cross-pack
     at enqueue; ``''``: cross-pack, but no companion was active then)."""
+    fencing_token: str | None = None
+    """The claim fence the item is held under (its ``FencingToken``; ``None``:
+    an unfenced claim). Every finish, extension and release compares it."""
+    generation: int = 0
+    """The fence generation of the claim (its ``Generation``)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,11 @@ class ClaimSpec:
     processing budget, the most processing rows new claims may bring it to
     (``<= 0``: the claim takes nothing). ``preferred_queue_classes``: taken
     first, in this order. ``now``: naive UTC (``None``: the clock),
-    truncated to whole seconds by the claim.
+    truncated to whole seconds by the claim. ``generation`` and
+    ``fencing_token``: the claimer's pool fence (the worker config's); the
+    claim is refused unless it is the pack's current fence (0 and blank:
+    unfenced, admitted only while the pack has no fence; see
+    :mod:`nexuscrm.connectors.queue.fencing`), and stamps both on the items.
 
     Immutable: the two class lists are stored as tuples. Nothing is checked
     here; the claim validates, so a bad spec fails where it is used.
@@ -112,6 +121,8 @@ class ClaimSpec:
     max_processing_rows: int
     preferred_queue_classes: Sequence[str] = ()
     now: datetime | None = None
+    generation: int = 0
+    fencing_token: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_classes", tuple(self.queue_classes))
