@@ -99,7 +99,7 @@ def test_claim_takes_both_work_types_and_generation_is_the_pack_claim_fence(engi
     act = admission.resolve_activation(engine, "sf", PACK, "e")
     assert (act.generation, act.fencing_token) == (0, admission.fencing_token("sf", PACK, "e"))
     taken = admission.take_fence(engine, "sf", PACK, "e")
-    assert taken.generation == 1 and taken.fencing_token.endswith("#workitem-scheduler-fence-1")
+    assert taken.generation == 1 and taken.fencing_token.endswith("-e#workitem-scheduler-fence")
     assert admission.resolve_claim_generation(engine, PACK) == 1
     assert admission.resolve_activation(engine, "sf", PACK, "e") == taken
     claimed = wq.claim(

@@ -46,8 +46,8 @@ def enqueue(engine: Engine, n: int) -> None:
 
 
 def fence(engine: Engine, name: str) -> tuple[int, str]:
-    """Take the pack's next fence for a pool called ``name``."""
-    return wq.take_fence(engine, PACK, f"owner-{name}", lambda g: f"fence-{name}-{g}")
+    """Take the pack's fence for the owner called ``name``."""
+    return wq.take_fence(engine, PACK, f"owner-{name}", f"fence-{name}")
 
 
 def spec(gen_token: tuple[int, str], owner: str, batch: int = 5) -> wq.ClaimSpec:
@@ -91,7 +91,7 @@ def test_two_claim_fences_never_both_hold_an_item(engine: Engine) -> None:
     n = 240
     enqueue(engine, n)
     old = fence(engine, "old")
-    assert old == (1, "fence-old-1")
+    assert old == (1, "fence-old")
     taken = threading.Event()
     holding = threading.Event()
     done = threading.Event()
@@ -168,7 +168,7 @@ def test_two_claim_fences_never_both_hold_an_item(engine: Engine) -> None:
     assert holding.wait(60)
     new = fence(engine, "new")
     taken.set()  # a claim an old claimer starts from here on must take nothing
-    assert new == (2, "fence-new-2")
+    assert new == (2, "fence-new")
     # Right after the take-over commits, no row is held under the old fence.
     assert not [
         w for w, r in rows(engine).items() if r["State"] == "processing" and r["LeaseToken"]
@@ -189,8 +189,8 @@ def test_two_claim_fences_never_both_hold_an_item(engine: Engine) -> None:
     assert len(succeeded) == n and set(succeeded.values()) == {1}  # each applied once
     # Every item was finished by exactly one side, under the fence its row names.
     assert sorted(finished["old"] + finished["new"]) == sorted(final)
-    assert {final[w]["FencingToken"] for w in finished["old"]} <= {"fence-old-1"}
-    assert {final[w]["FencingToken"] for w in finished["new"]} == {"fence-new-2"}
+    assert {final[w]["FencingToken"] for w in finished["old"]} <= {"fence-old"}
+    assert {final[w]["FencingToken"] for w in finished["new"]} == {"fence-new"}
     assert {final[w]["Generation"] for w in finished["new"]} == {2}
     # The batch held across the take-over was lost to the old claimer and redone once.
     assert held_at_takeover and set(held_at_takeover) <= set(lost_by_old)
@@ -208,7 +208,7 @@ def test_superseded_fence_cannot_finish_extend_release_or_claim_and_writes_nothi
     enqueue(engine, 4)
     old = fence(engine, "old")
     leased = wq.claim(engine, spec(old, "w-old"))
-    assert len(leased) == 4 and {i.fencing_token for i in leased} == {"fence-old-1"}
+    assert len(leased) == 4 and {i.fencing_token for i in leased} == {"fence-old"}
     new = fence(engine, "new")
     before = (rows(engine), attempt_rows(engine))
     # Revoked at the take-over: pending again, one abandoned attempt each.
@@ -231,7 +231,7 @@ def test_superseded_fence_cannot_finish_extend_release_or_claim_and_writes_nothi
         with pytest.raises(wq.LeaseLost), wq.write_transaction(engine) as conn:
             assert wq.hold_leases(conn, leased) == []
             fn(conn, leased[0])
-    for bad in (old, (0, ""), (3, "fence-new-3"), (2, "fence-other-2")):
+    for bad in (old, (0, ""), (3, "fence-new"), (2, "fence-other")):
         with pytest.raises(wq.FenceSuperseded):
             wq.claim(engine, spec(bad, "w-bad"))
     assert (rows(engine), attempt_rows(engine)) == before  # nothing was written
@@ -239,7 +239,7 @@ def test_superseded_fence_cannot_finish_extend_release_or_claim_and_writes_nothi
     # The new fence claims them at once (no lease expiry to wait for).
     got = wq.claim(engine, spec(new, "w-new"))
     assert sorted(i.work_id for i in got) == sorted(before[0])
-    assert {(i.generation, i.fencing_token, i.attempt) for i in got} == {(2, "fence-new-2", 2)}
+    assert {(i.generation, i.fencing_token, i.attempt) for i in got} == {(2, "fence-new", 2)}
 
 
 def test_finish_and_extension_compare_the_fence_as_well_as_the_lease_token(
@@ -249,7 +249,7 @@ def test_finish_and_extension_compare_the_fence_as_well_as_the_lease_token(
     enqueue(engine, 2)
     mine = fence(engine, "a")
     a, b = wq.claim(engine, spec(mine, "w"))
-    stranger = dataclasses.replace(a, fencing_token="fence-b-1")
+    stranger = dataclasses.replace(a, fencing_token="fence-b")
     with pytest.raises(wq.LeaseLost), wq.write_transaction(engine) as conn:
         wq.finish_succeeded(conn, stranger)
     assert wq.release_leases(engine, [stranger]) == []
@@ -263,17 +263,33 @@ def test_finish_and_extension_compare_the_fence_as_well_as_the_lease_token(
     assert {r["State"] for r in rows(engine).values()} == {"succeeded"}
 
 
+def test_the_same_owner_keeps_its_fence_and_another_owner_supersedes_it(engine: Engine) -> None:
+    """A rebuild by the same fleet keeps the fence (and its leases); another fleet's
+    pool takes the next generation; the first fleet coming back gets a newer one."""
+    enqueue(engine, 2)
+    a = fence(engine, "a")
+    (held,) = wq.claim(engine, spec(a, "w-a", batch=1))
+    assert fence(engine, "a") == a == (1, "fence-a")
+    assert rows(engine)[held.work_id]["LeaseToken"] == held.lease_token  # not revoked
+    assert fence(engine, "b") == (2, "fence-b")
+    assert rows(engine)[held.work_id]["LeaseToken"] is None
+    assert fence(engine, "a") == (3, "fence-a")
+    with pytest.raises(wq.FenceSuperseded, match=r"generation 1 .* superseded by generation 3"):
+        wq.claim(engine, spec(a, "w-a"))  # the same token under an older generation
+    assert len(wq.claim(engine, spec((3, "fence-a"), "w-a"))) == 2
+
+
 def test_unfenced_claims_only_while_the_pack_has_no_fence(engine: Engine) -> None:
     """Pools started before fencing claim unfenced (generation 0) until a pool takes one."""
     enqueue(engine, 2)
     (first,) = wq.claim(engine, spec((0, "legacy"), "w", batch=1))
     assert (first.generation, first.fencing_token) == (0, "legacy")
     with pytest.raises(wq.FenceSuperseded, match="never taken"):
-        wq.claim(engine, spec((1, "fence-x-1"), "w"))
+        wq.claim(engine, spec((1, "fence-x"), "w"))
     fence(engine, "x")
     with pytest.raises(wq.FenceSuperseded, match="superseded by generation 1"):
         wq.claim(engine, spec((0, "legacy"), "w"))
-    got = wq.claim(engine, spec((1, "fence-x-1"), "w"))
+    got = wq.claim(engine, spec((1, "fence-x"), "w"))
     assert sorted(i.work_id for i in got) == sorted(rows(engine))  # the legacy lease revoked
 
 

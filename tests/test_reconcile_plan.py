@@ -212,34 +212,34 @@ def test_a_listing_error_stops_every_pool_under_a_selection_and_fails_startup(en
 
 
 def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp_path):
-    """Every pool started takes the pack's next claim fence (issue 11 item 9): its
-    generation and token are in its config and fingerprint; a kept pool keeps it."""
+    """A pool to start takes the pack's claim fence (issue 11 item 9): generation and
+    token are in its config and fingerprint; a rebuild by the same fleet keeps the
+    fence; another fleet's fence supersedes it, and the pool is rebuilt on a newer one."""
     key = install(engine, tmp_path, [profile()])
     install_id = key.split("/")[1]
     first = only(plan(engine, "startup"))
     assert first.action == ACTION_START and first.pack is not None
     assert first.pack.generation == 1
     assert first.pack.scheduler_owner_id.endswith("-run-1#workitem-scheduler")
-    assert first.pack.fencing_token.endswith("-run-1#workitem-scheduler-fence-1")
+    assert first.pack.fencing_token.endswith("-run-1#workitem-scheduler-fence")
     assert admission.resolve_claim_generation(engine, install_id) == 1
     running = {key: first.pack.fingerprint}
     kept = only(plan(engine, "changed", running))
     assert kept.action == ACTION_KEEP and kept.pack is not None
     assert (kept.pack.generation, kept.pack.fingerprint) == (1, first.pack.fingerprint)
-    rebuilt = only(plan(engine, "all", running))  # a forced rebuild: the next generation
+    rebuilt = only(plan(engine, "all", running))  # a forced rebuild by the same fleet
     assert rebuilt.action == ACTION_START and rebuilt.pack is not None
-    assert rebuilt.pack.generation == 2 and rebuilt.pack.fingerprint != first.pack.fingerprint
-    running = {key: rebuilt.pack.fingerprint}
-    assert only(plan(engine, "changed", running)).action == ACTION_KEEP
-    # Another pool took the fence (a fleet of another epoch): this one is rebuilt.
-    admission.take_fence(engine, "hook-pack", install_id, "run-9")
-    d = only(plan(engine, "changed", running))
-    assert d.action == ACTION_START and d.pack is not None and d.pack.generation == 4
-    other_fleet = plan_reconcile(
-        engine, selection=None, knobs=KNOBS, mode="changed",
-        running={key: d.pack.fingerprint}, fleet_epoch="run-2", env=ENV,
+    assert (rebuilt.pack.generation, rebuilt.pack.fingerprint) == (1, first.pack.fingerprint)
+    # A fleet of another epoch took the fence: this fleet's pool is rebuilt on a newer one.
+    other = plan_reconcile(
+        engine, selection=None, knobs=KNOBS, mode="startup", running={},
+        fleet_epoch="run-2", env=ENV,
     )  # fmt: skip
-    assert only(other_fleet).action == ACTION_START  # a new owner rebuilds the pool
+    taken = only(other).pack
+    assert taken is not None and taken.generation == 2
+    d = only(plan(engine, "changed", running))
+    assert d.action == ACTION_START and d.pack is not None and d.pack.generation == 3
+    assert d.pack.fingerprint != first.pack.fingerprint
 
 
 def test_a_fence_that_cannot_be_taken_keeps_a_running_pool_and_fails_a_new_one(engine, tmp_path):

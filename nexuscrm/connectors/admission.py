@@ -163,17 +163,12 @@ def scheduler_owner_id(namespace: str, install_id: str, fleet_epoch: str) -> str
     )
 
 
-def fencing_token(namespace: str, install_id: str, fleet_epoch: str, generation: int = 0) -> str:
-    """Port of ``workItemSchedulerFencingToken`` (same identity, ``-fence`` suffix).
-
-    With ``generation`` > 0 (a pool's fence, :func:`take_fence`), ``-<generation>``
-    follows, so every pool generation claims under its own token.
-    """
-    token = (
+def fencing_token(namespace: str, install_id: str, fleet_epoch: str) -> str:
+    """Port of ``workItemSchedulerFencingToken`` (same identity, ``-fence`` suffix)."""
+    return (
         f"connector-inbound-{namespace.strip()}-{install_id.strip()}-{fleet_epoch}"
         "#workitem-scheduler-fence"
     )
-    return f"{token}-{generation}" if generation > 0 else token
 
 
 def resolve_activation(
@@ -205,20 +200,17 @@ def resolve_activation(
 
 
 def take_fence(engine: Engine, namespace: str, install_id: str, fleet_epoch: str) -> Activation:
-    """Take the pack's next claim fence for a pool about to start (``queue.take_fence``).
+    """Take the pack's claim fence for a pool about to start (``queue.take_fence``).
 
-    Generation = the current one + 1; token = :func:`fencing_token` with that
-    generation. From this commit on, claims of the pack's older fences are
-    refused and their leases are revoked (the new pool claims those items at
-    once). Returns the new pool's :class:`Activation`. Raises
-    ``QueueLockTimeout`` or a database error (the caller does not start the
-    pool then).
+    The token is this fleet's :func:`fencing_token` (the fleet epoch stands
+    for the seed's host+pid). Already this fleet's fence (a rebuild): kept,
+    same generation. Else the next generation: from this commit on, claims
+    under the pack's older fences are refused and their leases are revoked
+    (this fleet's pool claims those items at once). Returns the pool's
+    :class:`Activation`. Raises ``QueueLockTimeout`` or a database error (the
+    caller does not start the pool then).
     """
     owner = scheduler_owner_id(namespace, install_id, fleet_epoch)
-    generation, token = queue.take_fence(
-        engine,
-        install_id,
-        owner,
-        lambda g: fencing_token(namespace, install_id, fleet_epoch, g),
-    )
-    return Activation(generation, owner, token)
+    token = fencing_token(namespace, install_id, fleet_epoch)
+    generation, stored = queue.take_fence(engine, install_id, owner, token)
+    return Activation(generation, owner, stored)

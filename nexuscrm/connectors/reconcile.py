@@ -30,11 +30,12 @@ Outcome per pack (in the order the seed checks):
   pool in ``periodic`` mode, except under a serving selection (stop);
 * unchanged fingerprint and not forced: keep (the fleet wakes it);
 * startup contract (required kinds), credentials, then start;
-* a pool to start takes the pack's next claim fence once the whole plan is
-  made (``admission.take_fence``): its generation and fencing token go into
-  its config and fingerprint, and the pack's older pools can no longer
-  claim, finish or extend (their leases are revoked). A fence that cannot be
-  taken keeps a running pool (preserve), else fails like any setup step.
+* a pool to start takes the pack's claim fence once the whole plan is made
+  (``admission.take_fence``; a rebuild by the same fleet keeps its fence):
+  its generation and fencing token go into its config and fingerprint; a
+  new owner's fence means the pack's older pools can no longer claim,
+  finish or extend (their leases are revoked). A fence that cannot be taken
+  keeps a running pool (preserve), else fails like any setup step.
 
 Any failure of a drain-only incarnation is a blocked reason, never a fleet
 failure, and an inactive drain-only pack is skipped. Outside startup a
@@ -263,7 +264,7 @@ def _take_fences(
     running: Mapping[str, str],
     fleet_epoch: str,
 ) -> None:
-    """Each pool to start takes its pack's next claim fence; its config and fingerprint follow.
+    """Each pool to start takes its pack's claim fence; its config and fingerprint follow.
 
     Taken only once every row is planned, so a fatal plan takes none of them.
     A failure keeps a running pool (preserve: it still holds the current

@@ -217,9 +217,9 @@ connector_work_item = Table(
 )
 
 # The current claim fence of each installed pack (one row per PackInstallId):
-# the generation and fencing token of the pool that owns the pack's claims.
-# A pool that starts takes the next generation (nexuscrm.connectors.queue.fencing);
-# claims under any other fence are refused.
+# the generation and fencing token of the pools that own the pack's claims.
+# A pool of another owner (fleet) that starts takes the next generation
+# (nexuscrm.connectors.queue.fencing); claims under any other fence are refused.
 connector_claim_fence = Table(
     "_System_ConnectorClaimFence",
     system_metadata,

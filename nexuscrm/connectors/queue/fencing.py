@@ -4,7 +4,9 @@ Each installed pack has at most one ``_System_ConnectorClaimFence`` row: the
 ``Generation`` and ``FencingToken`` of the pool that owns the pack's claims
 (the seed's ``WorkItemGeneration`` / ``WorkItemSchedulerFencingToken`` of the
 worker config, with the scheduler owner id). A pool that starts takes the
-next generation (:func:`take_fence`); from that commit on:
+fence (:func:`take_fence`): a pool of the fence's owner (the same fleet, which
+stands for the seed's supervisor process) keeps it; another owner takes the
+next generation, and from that commit on:
 
 * a claim under any other fence is refused (:class:`FenceSuperseded`), checked
   under the pack's claim lock in the claim's transaction, so a claim and a
@@ -18,6 +20,11 @@ next generation (:func:`take_fence`); from that commit on:
   and every finish / extension / release is a compare-and-set on the lease
   token *and* the fencing token.
 
+The database is fenced, not the outside world: an external call a superseded
+worker has in flight at the take-over may repeat under the new pool (external
+effects are at-least-once); its batch starts no further item once it sees the
+fence moved (``fence_holds``, asked between items).
+
 A pack without a fence row (nothing took one yet: pools started before
 fencing, or claims outside a pool) admits only unfenced claims (generation 0);
 a claim naming a generation above 0 that was never taken fails closed.
@@ -25,7 +32,6 @@ a claim naming a generation above 0 that was never taken fails closed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -118,28 +124,33 @@ def take_fence(
     engine: Engine,
     installed_pack_id: str,
     scheduler_owner_id: str,
-    token_for: Callable[[int], str],
+    fencing_token: str,
     *,
     now: datetime | None = None,
 ) -> tuple[int, str]:
-    """Take the pack's next claim fence for a pool that starts; returns ``(generation, token)``.
+    """Take the pack's claim fence for a pool that starts; returns ``(generation, token)``.
 
-    The token returned is the stored one (``fence_value``: a token over 191
-    characters is shortened with its sha1), which the pool's workers claim with.
+    Under the pack's claim lock, in one transaction. When the current fence
+    already names ``fencing_token`` (a pool of the same owner, e.g. a rebuild
+    by the same fleet: its old and new pools share the fence and coordinate
+    through leases, as the seed's supervisor process does), nothing is
+    written and the current fence is returned. Otherwise the generation is
+    the current one + 1 (1 for the first), the fence row names
+    ``fencing_token``, and every lease of the pack held under another fence
+    is revoked: ``State='pending'``, lease cleared, an ``abandoned`` attempt
+    row with ``CauseCode='fence-superseded'`` (claimable at once; ``Attempt``
+    and ``FailureCount`` unchanged, as in ``release_leases``). Parked rows
+    (no lease) are left alone.
 
-    Under the pack's claim lock, in one transaction: generation = the current
-    one + 1 (1 for the first), fencing token = ``token_for(generation)``
-    (must be non-blank and differ from the current token: ``ValueError``
-    otherwise); the fence row is written, and every lease of the pack held
-    under another fence is revoked: ``State='pending'``, lease cleared, an
-    ``abandoned`` attempt row with ``CauseCode='fence-superseded'`` (the
-    item is claimable at once; ``Attempt`` and ``FailureCount`` unchanged,
-    as in ``release_leases``). Parked rows (no lease) are left alone.
-
-    Raises ``QueueLockTimeout`` when the claim lock is busy; database errors
-    propagate (the caller decides; nothing is written then).
+    The token returned is the stored one (``fence_value``: over 191
+    characters it is shortened with its sha1), which the pool's workers claim
+    with. Raises ``ValueError`` for a blank token, ``QueueLockTimeout`` when
+    the claim lock is busy; database errors propagate (nothing is written).
     """
     when = _now(now)
+    stored = fence_value(fencing_token)
+    if stored is None:
+        raise ValueError(f"claim fence for {installed_pack_id}: blank fencing token")
     with _serialized(engine, _claim_lock_name(installed_pack_id)) as conn:
         stmt = select(_f.c.Generation, _f.c.FencingToken).where(
             _f.c.InstalledPackId == installed_pack_id
@@ -147,15 +158,9 @@ def take_fence(
         if dialect_name(conn) == "mysql":
             stmt = stmt.with_for_update()
         row = conn.execute(stmt).first()
-        generation = (int(row.Generation) if row is not None else 0) + 1
-        token = token_for(generation)
-        stored = fence_value(token)
-        if stored is None:
-            raise ValueError(f"claim fence for {installed_pack_id}: blank fencing token")
         if row is not None and row.FencingToken == stored:
-            raise ValueError(
-                f"claim fence for {installed_pack_id}: token {token!r} is the current one"
-            )
+            return int(row.Generation), stored
+        generation = (int(row.Generation) if row is not None else 0) + 1
         values: dict[str, Any] = {
             "Generation": generation,
             "SchedulerOwnerId": scheduler_owner_id.strip()[:_KEY_LEN],
