@@ -11,22 +11,38 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select, text
+from temporalio.client import WorkflowFailureError
 
 from nexuscrm import cutover
 from nexuscrm.connectors import admission
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import InboundWorkerConfig
 from nexuscrm.controlplane import repair
 from nexuscrm.controlplane.metadata import ensure_system_schema
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
-from tests.builders import event
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.builders import (
+    connector_settings,
+    event,
+    fast_fleet,
+    hook_events,
+    hook_pack,
+    install,
+    wait_drained,
+    wait_pools,
+)
+from workflows.inbound_worker import InboundWorkerWorkflow
 
 PACK = "pack-1"
 W = t.connector_work_item
@@ -311,3 +327,77 @@ def test_fence_column_and_table_reach_an_older_database(engine: Engine) -> None:
     taken = admission.take_fence(engine, "sf", PACK, "e")
     (item,) = wq.claim(engine, spec((taken.generation, taken.fencing_token), "w"))
     assert item.fencing_token == taken.fencing_token
+
+
+async def test_a_new_generation_while_an_old_worker_runs_applies_every_event_once(
+    temporal_env, settings, hook, tmp_path
+):
+    """End to end (real dev server): the fleet is terminated and started again (a new
+    epoch, so its pool takes the next fence generation) while a worker of the old
+    pool still runs (its drain never arrived). The old worker takes nothing; every
+    event is applied exactly once, by the new generation."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    client = temporal_env.client
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        (first,) = await wait_pools(fleet, 1)
+        old_worker = await client.start_workflow(
+            InboundWorkerWorkflow.run,
+            InboundWorkerConfig(
+                database_id=settings.database_id,
+                namespace=first.namespace,
+                install_id=first.install_id,
+                ordinal=0,
+                queue_classes=[],
+                preferred_queue_classes=[],
+                batch_size=5,
+                max_processing_rows=first.max_processing_rows,
+                lease_seconds=10,
+                idle_seconds=0.2,
+                fingerprint=first.fingerprint,
+                generation=first.generation,
+                scheduler_owner_id=first.scheduler_owner_id,
+                fencing_token=first.fencing_token,
+            ),
+            id=f"old-worker-{uuid.uuid4().hex[:8]}",
+            task_queue=settings.connector_task_queue,
+        )
+        await fleet.terminate()
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        (second,) = await wait_pools(fleet, 1, not_fingerprint=first.fingerprint)
+        keys = [f"k{n:03d}" for n in range(120)]
+        wq.enqueue(engine, hook_events(pack.install_id, keys))
+        states = await wait_drained(engine, timeout=120)
+        assert states == {"succeeded": len(keys)}
+        # Every event applied once: one webhook call per key.
+        calls = Counter((r.get("payload") or {}).get("key") for r in hook.received)
+        assert calls == Counter(dict.fromkeys(keys, 1)), calls.most_common(3)
+        # The old worker ran no batch: its claims were refused, and it failed saying so.
+        history = await old_worker.fetch_history()
+        batches = [
+            e
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name
+            == "connectors.process"
+        ]
+        assert batches == []
+        with pytest.raises(WorkflowFailureError) as failed:
+            await old_worker.result()
+        chain: list[str] = []
+        err: BaseException | None = failed.value.cause
+        while err is not None:
+            chain.append(str(err))
+            err = err.__cause__
+        assert any("FenceSuperseded" in m for m in chain), chain
+        # Counted from the WorkItem rows: all taken under the new generation's fence.
+        final = rows(engine)
+        assert {(r["Generation"], r["FencingToken"]) for r in final.values()} == {
+            (second.generation, second.fencing_token)
+        }
+        assert second.generation == first.generation + 1
+        await fleet.signal("stop")
+        await fleet.result()
