@@ -8,6 +8,7 @@ different fencing tokens never both hold an item.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -386,7 +387,7 @@ async def test_a_new_generation_while_an_old_worker_runs_applies_every_event_onc
         ]
         assert batches == []
         with pytest.raises(WorkflowFailureError) as failed:
-            await old_worker.result()
+            await asyncio.wait_for(old_worker.result(), 60)
         chain: list[str] = []
         err: BaseException | None = failed.value.cause
         while err is not None:
