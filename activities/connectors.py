@@ -10,6 +10,7 @@ process failed or timed out (its worker died), so they are claimable at once.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,9 @@ transactions. Claiming several of them at once keeps the profiles' ratios
 and the per-pack processing budget, with a quarter of the round trips."""
 CLAIM_MAX = 100
 """Largest claim a profile batch is scaled up to (a bulk worker's 100 stays 100)."""
+
+FENCE_CHECK_EVERY_S = 1.0
+"""Least interval between two reads of the pack's claim fence by one process activity."""
 
 
 def claim_size(batch_size: int) -> int:
@@ -110,7 +114,10 @@ class ConnectorActivities:
 
         Nothing (``[]``) once the worker shuts down: a batch claimed now could
         not be processed here, and its leases would wait out their expiry.
-        Raises ``ClaimSchemaMissing`` (non-retryable) on a missing table/column.
+        Claims under the config's fence (generation, fencing token). Raises
+        ``ClaimSchemaMissing`` (non-retryable) on a missing table/column and
+        ``FenceSuperseded`` (non-retryable) when the worker's pool generation
+        was superseded: the worker fails and takes nothing.
         """
         if stop_requested():
             return []
@@ -125,6 +132,8 @@ class ConnectorActivities:
                 lease_owner=req.lease_owner,
                 lease_seconds=c.lease_seconds,
                 max_processing_rows=c.max_processing_rows,
+                generation=c.generation,
+                fencing_token=c.fencing_token,
             ),
         )
         return [ClaimedLease(work_id, token) for work_id, token in leases]
@@ -145,17 +154,38 @@ class ConnectorActivities:
 
         Worker shutdown (or cancellation): no further item starts; the leases
         of the items not started are handed back at once (``released``), so
-        they are claimed again now, not when the lease expires.
+        they are claimed again now, not when the lease expires. Only items
+        held under the worker's claim fence are loaded; leases are extended
+        under it; once its pool generation is superseded (checked at most once
+        a second, between items), no further item starts.
         """
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
-        keeper = LeaseKeeper(self.engine, leases, req.config.lease_seconds)
+        c = req.config
+        fence = c.fencing_token
+        keeper = LeaseKeeper(self.engine, leases, c.lease_seconds, fencing_token=fence)
         keep_alive(keeper.tick, keeper.every_seconds)
         deadline = self.knobs.flow_deadline
         expect_progress(
             deadline.total_seconds() + keeper.lease_seconds if deadline is not None else None
         )
-        items = queue.load_claimed(self.engine, leases)
-        outcome = self.processor.process(items, on_item=progress, should_stop=stop_requested)
+        items = queue.load_claimed(self.engine, leases, fence)
+        fenced = {"at": time.monotonic(), "out": False}
+
+        def superseded() -> bool:
+            # A newer pool generation took the pack's claim fence and revoked these
+            # leases: start no further item (its flow would be refused at finish,
+            # and an external call in it would repeat under the new pool).
+            now = time.monotonic()
+            if not fenced["out"] and now - fenced["at"] >= FENCE_CHECK_EVERY_S:
+                fenced["at"] = now
+                fenced["out"] = not queue.fence_holds(
+                    self.engine, c.install_id, c.generation, c.fencing_token
+                )
+            return bool(fenced["out"])
+
+        outcome = self.processor.process(
+            items, on_item=progress, should_stop=lambda: stop_requested() or superseded()
+        )
         if outcome.released:
             log.warning("batch cut short; leases handed back", released=outcome.released)
         raise_if_cancelled()  # the finished items are committed, the rest handed back

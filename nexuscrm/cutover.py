@@ -31,7 +31,10 @@ CUTOVER_RECEIPT_KEY = "connector_work_item_only_cutover"
 CUTOVER_COMPLETED = "completed"
 CUTOVER_PENDING = "pending"
 
-# The seed's connectorInboundWorkItemClaimSchemaColumns and friends, verbatim.
+# The seed's connectorInboundWorkItemClaimSchemaColumns and friends, verbatim,
+# plus this port's claim fence: WorkItem.FencingToken and the fence table
+# (nexuscrm.connectors.queue.fencing). RunRepair's ReconcileManagedTableColumns
+# adds the column to an older database; ensure_system_schema creates the table.
 CLAIM_SCHEMA: dict[str, str] = {
     "_System_ConnectorWorkItem": (
         "WorkId, EventId, InstalledPackId, WorkType, QueueClass, State, RunAfter, Attempt, "
@@ -42,8 +45,9 @@ CLAIM_SCHEMA: dict[str, str] = {
         "DependencyConnectorOwnerKey, DependencyConnectorNamespace, "
         "DependencyConnectorSourceObject, DependencyDestinationSlotId, "
         "DependencyConnectorRemoteId, DependencyBlockedAt, DependencyProbeAfter, TerminalAt, "
-        "CreatedDate, LastModifiedDate"
+        "CreatedDate, LastModifiedDate, FencingToken"
     ),
+    "_System_ConnectorClaimFence": "InstalledPackId, Generation, SchedulerOwnerId, FencingToken",
     "_System_ConnectorEvent": "ExecutionOwner",
     "_System_ConnectorWorkAttempt": (
         "WorkId, Attempt, EventId, FlowExecutionId, OutcomeState, PresentedErrorCode, "
@@ -94,7 +98,7 @@ def schema_missing(err: BaseException) -> bool:
 
 
 def probe_claim_schema(bind: Engine | Connection) -> None:
-    """Port of ``workItemClaimSchemaReady``: ``SELECT <columns> FROM <table> LIMIT 0`` x3.
+    """Port of ``workItemClaimSchemaReady``: ``SELECT <columns> FROM <table> LIMIT 0`` per table.
 
     Raises :class:`SchemaGap` naming the table (and the driver's message, which
     names the column) when a table or column is missing, and

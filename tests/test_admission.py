@@ -83,20 +83,25 @@ def test_schema_probe_tells_a_missing_column_or_table_from_a_transient_error(eng
     assert not isinstance(info.value, admission.AdmissionGap)
 
 
-def test_claim_takes_both_work_types_and_generation_is_the_oldest_claimable(engine):
+def test_claim_takes_both_work_types_and_generation_is_the_pack_claim_fence(engine):
+    """The claimable generation is the pack's claim fence (issue 11 item 9), not
+    the items' lowest ``Generation``: each claim stamps its own generation there."""
     repair.run_repair(engine)
-    enqueue(engine, 3)
+    enqueue(engine, 2)
     w = t.connector_work_item
     with engine.begin() as conn:
-        conn.execute(update(w).where(w.c.WorkId.like("%1")).values(Generation=4))
         conn.execute(
             update(w)
             .where(w.c.WorkId.like("%2"))
-            .values(Generation=3, WorkType=wq.WORK_TYPE_WORKFLOW_ACTION_APPLY)
+            .values(WorkType=wq.WORK_TYPE_WORKFLOW_ACTION_APPLY)
         )
-        conn.execute(update(w).where(w.c.WorkId.like("%3")).values(Generation=2, State="succeeded"))
-    assert admission.resolve_claim_generation(engine, PACK) == 3
-    assert admission.resolve_activation(engine, "sf", PACK, "e").generation == 3
+    assert admission.resolve_claim_generation(engine, PACK) == 0
+    act = admission.resolve_activation(engine, "sf", PACK, "e")
+    assert (act.generation, act.fencing_token) == (0, admission.fencing_token("sf", PACK, "e"))
+    taken = admission.take_fence(engine, "sf", PACK, "e")
+    assert taken.generation == 1 and taken.fencing_token.endswith("-e#workitem-scheduler-fence")
+    assert admission.resolve_claim_generation(engine, PACK) == 1
+    assert admission.resolve_activation(engine, "sf", PACK, "e") == taken
     claimed = wq.claim(
         engine,
         wq.ClaimSpec(
@@ -106,9 +111,12 @@ def test_claim_takes_both_work_types_and_generation_is_the_oldest_claimable(engi
             lease_owner="o",
             lease_seconds=30,
             max_processing_rows=10,
+            generation=taken.generation,
+            fencing_token=taken.fencing_token,
         ),
     )
     assert len(claimed) == 2  # the ConnectorEvent and the WorkflowActionApply item
+    assert {(i.generation, i.fencing_token) for i in claimed} == {(1, taken.fencing_token)}
     with pytest.raises(admission.CapabilityGap, match="WorkflowActionApply"):
         admission.require_capability((wq.WORK_TYPE_CONNECTOR_EVENT,))
 

@@ -212,27 +212,50 @@ def test_a_listing_error_stops_every_pool_under_a_selection_and_fails_startup(en
 
 
 def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp_path):
+    """A pool to start takes the pack's claim fence (issue 11 item 9): generation and
+    token are in its config and fingerprint; a rebuild by the same fleet keeps the
+    fence; another fleet's fence supersedes it, and the pool is rebuilt on a newer one."""
     key = install(engine, tmp_path, [profile()])
-    first = only(plan(engine, "startup"))
-    assert first.pack is not None
-    assert first.pack.generation == 0
-    assert first.pack.scheduler_owner_id.endswith("-run-1#workitem-scheduler")
-    running = {key: first.pack.fingerprint}
-    assert only(plan(engine, "changed", running)).action == ACTION_KEEP
     install_id = key.split("/")[1]
-    wq.enqueue(
-        engine,
-        [event(install_id, "k", "u1", namespace="hook-pack", kind="hook.event", obj="User")],
-    )
-    with engine.begin() as conn:
-        conn.execute(update(t.connector_work_item).values(Generation=7))
-    d = only(plan(engine, "changed", running))
-    assert d.action == ACTION_START and d.pack is not None and d.pack.generation == 7
-    other_fleet = plan_reconcile(
-        engine, selection=None, knobs=KNOBS, mode="changed",
-        running=running_of(plan(engine, "changed", running)), fleet_epoch="run-2", env=ENV,
+    first = only(plan(engine, "startup"))
+    assert first.action == ACTION_START and first.pack is not None
+    assert first.pack.generation == 1
+    assert first.pack.scheduler_owner_id.endswith("-run-1#workitem-scheduler")
+    assert first.pack.fencing_token.endswith("-run-1#workitem-scheduler-fence")
+    assert admission.resolve_claim_generation(engine, install_id) == 1
+    running = {key: first.pack.fingerprint}
+    kept = only(plan(engine, "changed", running))
+    assert kept.action == ACTION_KEEP and kept.pack is not None
+    assert (kept.pack.generation, kept.pack.fingerprint) == (1, first.pack.fingerprint)
+    rebuilt = only(plan(engine, "all", running))  # a forced rebuild by the same fleet
+    assert rebuilt.action == ACTION_START and rebuilt.pack is not None
+    assert (rebuilt.pack.generation, rebuilt.pack.fingerprint) == (1, first.pack.fingerprint)
+    # A fleet of another epoch took the fence: this fleet's pool is rebuilt on a newer one.
+    other = plan_reconcile(
+        engine, selection=None, knobs=KNOBS, mode="startup", running={},
+        fleet_epoch="run-2", env=ENV,
     )  # fmt: skip
-    assert only(other_fleet).action == ACTION_START  # a new fence rebuilds the pool
+    taken = only(other).pack
+    assert taken is not None and taken.generation == 2
+    d = only(plan(engine, "changed", running))
+    assert d.action == ACTION_START and d.pack is not None and d.pack.generation == 3
+    assert d.pack.fingerprint != first.pack.fingerprint
+
+
+def test_a_fence_that_cannot_be_taken_keeps_a_running_pool_and_fails_a_new_one(engine, tmp_path):
+    key = install(engine, tmp_path, [profile()])
+    running = running_of(plan(engine, "startup"))
+
+    def busy(*args: Any) -> admission.Activation:
+        raise wq.QueueLockTimeout("queue lock not granted within 10 s")
+
+    r = Resolvers(take_fence=busy)
+    d = only(plan(engine, "all", running, resolvers=r))
+    assert d.action == ACTION_PRESERVE and "take claim fence" in d.reason
+    p = plan(engine, "all", {}, resolvers=r)
+    assert only(p).action == ACTION_STOP and "take claim fence" in p.blocked[key]
+    p = plan(engine, "startup", {}, resolvers=r)
+    assert p.fatal and p.decisions == [] and "take claim fence" in p.error
 
 
 # --- rule 6: drain-only generations ------------------------------------------------------

@@ -11,10 +11,11 @@ Order of the checks, as in the seed:
    ``WorkflowActionApply``) -> else :class:`CapabilityGap`;
 2. **cutover receipt**: the WorkItem-only execution cutover receipt is present
    -> else :class:`CutoverGap`;
-3. **claim schema**: ``SELECT <columns> FROM <table> LIMIT 0`` on the three
+3. **claim schema**: ``SELECT <columns> FROM <table> LIMIT 0`` on the
    work-queue tables; a missing table or column is :class:`SchemaGap`, any
    other error is transient (:class:`AdmissionProbeError`, retry later);
-4. **generation**: the claimable WorkItem generation of the pack.
+4. **generation**: the pack's claim fence (``_System_ConnectorClaimFence``):
+   the generation and fencing token of the pool that holds the pack's claims.
 
 The gaps fail closed (the pool is stopped and not started); a transient probe
 error keeps a pool that already runs (see ``nexuscrm.connectors.reconcile``).
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm.connectors import queue
@@ -44,6 +45,7 @@ from nexuscrm.cutover import (
     GAP_CUTOVER,
     AdmissionGap,
     AdmissionProbeError,
+    SchemaGap,
     probe_claim_schema,
     schema_missing,
 )
@@ -68,8 +70,9 @@ class Activation:
     """What a pool carries from admission into every worker and its fingerprint.
 
     Port of ``connectorInboundWorkItemClaimActivation`` plus the scheduler
-    identity: ``generation`` (claimable WorkItem generation, 0 when none),
-    ``scheduler_owner_id`` and ``fencing_token``.
+    identity: ``generation`` (the pack's claim fence generation, 0 when no
+    pool took a fence yet), ``scheduler_owner_id`` and ``fencing_token``
+    (the fence's token; before any fence, this fleet's base token).
     """
 
     generation: int
@@ -122,29 +125,34 @@ def require_cutover(engine: Engine) -> None:
         )
 
 
-def resolve_claim_generation(engine: Engine, install_id: str, now: datetime | None = None) -> int:
-    """Port of ``resolveWorkItemClaimGeneration``: the pack's claimable generation.
-
-    The lowest ``Generation`` among the pack's non-terminal items of either
-    claimable work type (the oldest generation still has work to finish);
-    0 when the pack has none. ``now`` is accepted for symmetry with the seed.
-    """
-    w = t.connector_work_item
+def _read_fence(engine: Engine, install_id: str) -> tuple[int, str] | None:
+    """The pack's claim fence, or ``None``; a read error is :class:`AdmissionProbeError`."""
     try:
         with engine.connect() as conn:
-            gen = conn.execute(
-                select(func.min(w.c.Generation)).where(
-                    w.c.InstalledPackId == install_id,
-                    w.c.WorkType.in_(queue.CLAIMABLE_WORK_TYPES),
-                    w.c.State.in_(queue.NON_TERMINAL_STATES),
-                )
-            ).scalar()
+            return queue.current_fence(conn, install_id)
     except SQLAlchemyError as exc:
+        if schema_missing(exc):
+            raise SchemaGap(
+                "connector inbound supervisor: mandatory WorkItem claim schema is "
+                f"unavailable: {t.connector_claim_fence.name}: {describe_error(exc)}"
+            ) from exc
         raise AdmissionProbeError(
             f"connector inbound supervisor: resolve work_item generation for {install_id}: "
             f"{describe_error(exc)}"
         ) from exc
-    return int(gen or 0)
+
+
+def resolve_claim_generation(engine: Engine, install_id: str, now: datetime | None = None) -> int:
+    """Port of ``resolveWorkItemClaimGeneration``: the pack's claim generation.
+
+    The generation of the pack's current claim fence (the pool that took it
+    last, :func:`take_fence`); 0 when no pool took one yet. Every claim
+    stamps it on the items it takes (``Generation``). ``now`` is accepted for
+    symmetry with the seed. Raises :class:`AdmissionProbeError` on a read
+    error, :class:`SchemaGap` when the fence table is missing.
+    """
+    fence = _read_fence(engine, install_id)
+    return 0 if fence is None else fence[0]
 
 
 def scheduler_owner_id(namespace: str, install_id: str, fleet_epoch: str) -> str:
@@ -168,7 +176,10 @@ def resolve_activation(
 ) -> Activation:
     """Port of ``resolveWorkItemClaimActivation``: capability, cutover, schema, generation.
 
-    Raises :class:`CapabilityGap` / :class:`CutoverGap` / :class:`SchemaGap`
+    Read-only: the generation and fencing token are the pack's current claim
+    fence (a running pool of this fleet has exactly these in its fingerprint);
+    before any fence, generation 0 and this fleet's base token. Raises
+    :class:`CapabilityGap` / :class:`CutoverGap` / :class:`SchemaGap`
     (fail closed) or :class:`AdmissionProbeError` (transient); messages name
     the pack as ``for <namespace> (<install id>)``.
     """
@@ -177,13 +188,29 @@ def resolve_activation(
         require_capability()
         require_cutover(engine)
         probe_claim_schema(engine)
-        generation = resolve_claim_generation(engine, install_id)
+        fence = _read_fence(engine, install_id)
     except AdmissionGap as exc:
         raise type(exc)(f"{exc}{where}") from exc
     except AdmissionProbeError as exc:
         raise AdmissionProbeError(f"{exc}{where}") from exc
-    return Activation(
-        generation,
-        scheduler_owner_id(namespace, install_id, fleet_epoch),
-        fencing_token(namespace, install_id, fleet_epoch),
-    )
+    owner = scheduler_owner_id(namespace, install_id, fleet_epoch)
+    if fence is None:
+        return Activation(0, owner, fencing_token(namespace, install_id, fleet_epoch))
+    return Activation(fence[0], owner, fence[1])
+
+
+def take_fence(engine: Engine, namespace: str, install_id: str, fleet_epoch: str) -> Activation:
+    """Take the pack's claim fence for a pool about to start (``queue.take_fence``).
+
+    The token is this fleet's :func:`fencing_token` (the fleet epoch stands
+    for the seed's host+pid). Already this fleet's fence (a rebuild): kept,
+    same generation. Else the next generation: from this commit on, claims
+    under the pack's older fences are refused and their leases are revoked
+    (this fleet's pool claims those items at once). Returns the pool's
+    :class:`Activation`. Raises ``QueueLockTimeout`` or a database error (the
+    caller does not start the pool then).
+    """
+    owner = scheduler_owner_id(namespace, install_id, fleet_epoch)
+    token = fencing_token(namespace, install_id, fleet_epoch)
+    generation, stored = queue.take_fence(engine, install_id, owner, token)
+    return Activation(generation, owner, stored)

@@ -40,11 +40,16 @@ class LeaseKeeper:
     """
 
     def __init__(
-        self, engine: Engine, leases: Sequence[tuple[str, str]], lease_seconds: float
+        self,
+        engine: Engine,
+        leases: Sequence[tuple[str, str]],
+        lease_seconds: float,
+        fencing_token: str | None = None,
     ) -> None:
         if not lease_seconds > 0:
             raise ValueError(f"lease keeper: lease_seconds must be positive, got {lease_seconds!r}")
         self.engine = engine
+        self.fencing_token = fencing_token
         self.lease_seconds = float(lease_seconds)
         self._held = sorted(dict(leases).items())
         self._lock = threading.Lock()
@@ -69,7 +74,9 @@ class LeaseKeeper:
         with self._lock:
             if not self._held:
                 return []
-            lost = queue.extend_leases(self.engine, self._held, self.lease_seconds, now)
+            lost = queue.extend_leases(
+                self.engine, self._held, self.lease_seconds, now, fencing_token=self.fencing_token
+            )
             if lost:
                 gone = set(lost)
                 self._held = [(w, t) for w, t in self._held if w not in gone]

@@ -30,7 +30,13 @@ Outcome per pack (in the order the seed checks):
 * profiles and the projection fingerprint: a read error keeps the running
   pool in ``periodic`` mode, except under a serving selection (stop);
 * unchanged fingerprint and not forced: keep (the fleet wakes it);
-* startup contract (required kinds), credentials, then start.
+* startup contract (required kinds), credentials, then start;
+* a pool to start takes the pack's claim fence once the whole plan is made
+  (``admission.take_fence``; a rebuild by the same fleet keeps its fence):
+  its generation and fencing token go into its config and fingerprint; a
+  new owner's fence means the pack's older pools can no longer claim,
+  finish or extend (their leases are revoked). A fence that cannot be taken
+  keeps a running pool (preserve), else fails like any setup step.
 
 Any failure of a drain-only incarnation is a blocked reason, never a fleet
 failure, and an inactive drain-only pack is skipped. Outside startup a
@@ -168,6 +174,7 @@ class Resolvers:
     )
     retire_drained: Callable[[Engine, str], bool] = retire_drained
     settle_incarnations: Callable[[Engine], None] = settle
+    take_fence: Callable[[Engine, str, str, str], admission.Activation] = admission.take_fence
 
 
 # --- the plan -------------------------------------------------------------------------
@@ -229,9 +236,62 @@ def plan_reconcile(
         for row in desired.packs:
             _plan_row(engine, row, plan, r, selection, knobs, startup, force,
                       preserve_on_read_error, running, fleet_epoch, env)  # fmt: skip
+        _take_fences(engine, plan, r, knobs, startup, running, fleet_epoch)
     except _Fatal as exc:
         return ReconcileOutcome(blocked=plan.blocked, error=str(exc), fatal=True)
     return plan
+
+
+def _take_fences(
+    engine: Engine,
+    plan: ReconcileOutcome,
+    r: Resolvers,
+    knobs: ConnectorKnobs,
+    startup: bool,
+    running: Mapping[str, str],
+    fleet_epoch: str,
+) -> None:
+    """Each pool to start takes its pack's claim fence; its config and fingerprint follow.
+
+    Taken only once every row is planned, so a fatal plan takes none of them.
+    A failure keeps a running pool (preserve: it still holds the current
+    fence); otherwise it is a setup failure (drain-only: blocked; startup:
+    fatal; else stopped and blocked).
+    """
+    for i, d in enumerate(plan.decisions):
+        pack = d.pack
+        if d.action != ACTION_START or pack is None:
+            continue
+        try:
+            act = r.take_fence(engine, pack.namespace, pack.install_id, fleet_epoch)
+        except Exception as exc:
+            label = f"{pack.namespace} ({pack.install_id})"
+            if running.get(d.key):
+                reason = f"preserving running pool after take claim fence failed: {_msg(exc)}"
+                log.warning("connector pack pool preserved", pack=d.key, reason=reason)
+                plan.decisions[i] = ReconcileDecision(
+                    d.key, d.namespace, d.install_id, ACTION_PRESERVE, reason
+                )
+                continue
+            if startup and not pack.drain_only:
+                raise _Fatal(
+                    f"connector inbound supervisor: take claim fence for {label}: {_msg(exc)}"
+                ) from exc
+            reason = f"take claim fence: {_msg(exc)}"
+            log.error("connector pack pool stopped", pack=d.key, reason=reason)
+            plan.blocked[d.key] = reason
+            plan.decisions[i] = ReconcileDecision(
+                d.key, d.namespace, d.install_id, ACTION_STOP, reason
+            )
+            continue
+        pack.generation = act.generation
+        pack.scheduler_owner_id = act.scheduler_owner_id
+        pack.fencing_token = act.fencing_token
+        pack.fingerprint = knobs.fingerprint(
+            pack.namespace, pack.install_id, pack.status, pack.payload_hash, pack.drain_only,
+            pack.projection_fingerprint, act.generation, act.scheduler_owner_id,
+            act.fencing_token,
+        )  # fmt: skip
 
 
 def _plan_row(

@@ -38,8 +38,9 @@ class InboundWorkerConfig:
     idle_seconds: float = 5.0
     fingerprint: str = ""
     batches_before_continue_as_new: int = 200
-    # WorkItem claim activation (issue 5 rule 5): resolved at admission, the
-    # same for every worker of one pool, and part of the pool fingerprint.
+    # WorkItem claim activation (issue 5 rule 5): the pack's claim fence taken
+    # when the pool started (issue 11 item 9), the same for every worker of one
+    # pool, part of the pool fingerprint; every claim is fenced by it.
     generation: int = 0
     scheduler_owner_id: str = ""
     fencing_token: str = ""

@@ -229,10 +229,28 @@ connector_work_item = Table(
     Column("DependencyBlockedAt", DateTime, nullable=True),
     Column("DependencyProbeAfter", DateTime, nullable=True),
     Column("TerminalAt", DateTime, nullable=True),
+    # The claim fence the item was last claimed under (the claimer's fencing
+    # token; ``Generation`` carries its fence generation). Finishes, lease
+    # extensions and releases are conditional on it as well as on LeaseToken.
+    Column("FencingToken", String(KEY), nullable=True),
     *_audit(),
     Index("ix_ConnectorWorkItem_Claim", "InstalledPackId", "State", "QueueClass", "RunAfter"),
     Index("ix_ConnectorWorkItem_Lane", "SourceLaneKey", "LaneOrdinal"),
     Index("ix_ConnectorWorkItem_Dependency", "DependencyKeyHash"),
+)
+
+# The current claim fence of each installed pack (one row per PackInstallId):
+# the generation and fencing token of the pools that own the pack's claims.
+# A pool of another owner (fleet) that starts takes the next generation
+# (nexuscrm.connectors.queue.fencing); claims under any other fence are refused.
+connector_claim_fence = Table(
+    "_System_ConnectorClaimFence",
+    system_metadata,
+    Column("InstalledPackId", String(64), primary_key=True),
+    Column("Generation", BigInteger, nullable=False, default=0),
+    Column("SchedulerOwnerId", String(KEY), nullable=False, default=""),
+    Column("FencingToken", String(KEY), nullable=False, default=""),
+    *_audit(),
 )
 
 connector_work_attempt = Table(

@@ -53,6 +53,11 @@ check the rowcount, a claim batch is one UPDATE whose winners are read back by
 their fresh, unique tokens. SQLite: ``BEGIN IMMEDIATE`` takes the database
 write lock up front, which serializes the same sections.
 
+Claim fences (:mod:`.fencing`): each pack's claims belong to the pool generation
+that took its current fence; a claim under another fence is refused, the take-over
+revokes the older fence's leases, and every claim stamps ``FencingToken`` and
+``Generation``; finishes, extensions and releases compare both tokens.
+
 Scope: source lanes are global (the lane key starts with the pack's
 namespace); the live-lease check of target lanes and the budget look at the
 claiming pack's rows (the claim index), since ``TargetMutationLaneKey`` has no
@@ -68,6 +73,7 @@ Modules (import from the package: it re-exports every public name)::
     locking     the enqueue / claim locks, the SQLite writer guard, write_transaction
     enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
     claiming    claim, claim_leases, load_claimed
+    fencing     claim fences: take_fence, check_claim_fence, fence_holds, FenceSuperseded
     scan        the claim's candidate scan (lane heads, target lanes, budget)
     leases      extend_leases, hold_leases, release_leases, finish_*, retry_backoff,
                 attempt rows
@@ -77,6 +83,14 @@ Modules (import from the package: it re-exports every public name)::
 
 from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
 from nexuscrm.connectors.queue.enqueueing import enqueue, replay, superseding_items
+from nexuscrm.connectors.queue.fencing import (
+    FENCE_SUPERSEDED_CAUSE,
+    FenceSuperseded,
+    check_claim_fence,
+    current_fence,
+    fence_holds,
+    take_fence,
+)
 from nexuscrm.connectors.queue.leases import (
     extend_leases,
     finish_failed,
@@ -143,6 +157,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     InvalidWorkRequest,
     LeaseLost,
     QueueLockTimeout,
+    fence_value,
     lane_key,
     normalize_queue_class,
 )
@@ -152,6 +167,7 @@ __all__ = [
     "ENQUEUE_LOCK_NAME",
     "EVENT_ID_PREFIX",
     "FAILURE_ATTEMPTS_EXHAUSTED",
+    "FENCE_SUPERSEDED_CAUSE",
     "LOCK_WAIT_SECONDS",
     "MAX_ATTEMPTS",
     "NON_TERMINAL_STATES",
@@ -179,6 +195,7 @@ __all__ = [
     "ClaimedItem",
     "EnqueueRequest",
     "EnqueueResult",
+    "FenceSuperseded",
     "InvalidWorkRequest",
     "LeaseLost",
     "PackQueueStats",
@@ -186,12 +203,16 @@ __all__ = [
     "block_item",
     "blocked_keys",
     "blocked_rows",
+    "check_claim_fence",
     "claim",
     "claim_leases",
     "convert_parked",
+    "current_fence",
     "enqueue",
     "expire_blocked",
     "extend_leases",
+    "fence_holds",
+    "fence_value",
     "finish_failed",
     "finish_retry",
     "finish_succeeded",
@@ -209,6 +230,7 @@ __all__ = [
     "replay",
     "retry_backoff",
     "superseding_items",
+    "take_fence",
     "terminalize_invalid",
     "wake_blocked",
     "wake_blocked_by_pack",

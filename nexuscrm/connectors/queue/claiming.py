@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from nexuscrm.connectors.queue.fencing import check_claim_fence
 from nexuscrm.connectors.queue.leases import _attempt_row, _insert_attempts
 from nexuscrm.connectors.queue.locking import _claim_lock_name, _serialized, _skip_locked
 from nexuscrm.connectors.queue.scan import _Candidate, _pick
@@ -34,6 +35,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     _now,
     _parked,
     _w,
+    fence_value,
 )
 from nexuscrm.cutover import schema_missing
 from nexuscrm.db.dialect import describe_error
@@ -69,6 +71,12 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
     item that has used ``max_attempts`` attempts is failed
     ``attempts-exhausted`` instead (:func:`_fail_exhausted`), however its
     attempts ended. Returns the claimed items in claim order (possibly empty).
+
+    Fenced (:mod:`nexuscrm.connectors.queue.fencing`): under the claim lock,
+    ``spec.generation`` / ``spec.fencing_token`` must be the pack's current
+    claim fence (or 0 / unfenced while the pack has none), else
+    ``FenceSuperseded`` and nothing is claimed; each claimed item gets
+    ``FencingToken`` and ``Generation`` of the claimer.
 
     Raises ``ValueError`` for a non-positive ``lease_seconds``,
     ``QueueLockTimeout`` when the pack's claim lock is busy for
@@ -112,6 +120,7 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
     classes = _normalize_classes(spec.queue_classes)
     preferred = _normalize_classes(spec.preferred_queue_classes)
     with _serialized(engine, _claim_lock_name(spec.installed_pack_id)) as conn:
+        check_claim_fence(conn, spec.installed_pack_id, spec.generation, spec.fencing_token)
         # One read of the pack's processing rows gives both the live target lanes
         # and the seed's pressure: every processing row that is not parked counts,
         # stale ones too (re-leasing a stale row adds nothing, so only new items
@@ -159,7 +168,7 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         # One compare-and-set UPDATE for the batch: each row must still be in
         # the (State, LeaseToken, Attempt) it was chosen in. Which rows won is
         # read back by their fresh, unique tokens in _load_claimed.
-        _claim_update(conn, picked, tokens, spec.lease_owner, until, when)
+        _claim_update(conn, picked, tokens, spec.lease_owner, until, when, spec)
         result: list[Any]
         if full:
             result = _load_claimed(conn, picked, tokens)
@@ -278,11 +287,13 @@ def _claim_update(
     lease_owner: str,
     until: datetime,
     when: datetime,
+    spec: ClaimSpec,
 ) -> None:
     """The claim's compare-and-set UPDATE, as driver-level SQL.
 
     ``SET State='processing', LeaseOwner, LeaseToken = CASE WorkId ... END,
-    LeaseUntil, Attempt = Attempt + 1, LastModifiedDate WHERE`` one
+    LeaseUntil, Attempt = Attempt + 1, LastModifiedDate, FencingToken,
+    Generation WHERE`` one
     ``(State, LeaseToken, Attempt, WorkId IN (...))`` group per distinct
     chosen-in state (new pending items share one). Built as a string with
     driver placeholders: the equivalent SQLAlchemy expression (a CASE and an
@@ -302,6 +313,7 @@ def _claim_update(
     # SQLite stores DATETIME as text in SQLAlchemy's own format: bind through it.
     bind = _w.c.LeaseUntil.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
     params += [bind(until), bind(when)] if bind else [until, when]
+    params += [fence_value(spec.fencing_token), spec.generation]
     where_sql = []
     for (state, token, attempt), ids in groups.items():
         token_sql = f"{q('LeaseToken')} IS NULL" if token is None else f"{q('LeaseToken')} = {mark}"
@@ -319,7 +331,8 @@ def _claim_update(
         f"{q('LeaseOwner')} = {mark}, "
         f"{q('LeaseToken')} = CASE {q('WorkId')} {' '.join(case_sql)} END, "
         f"{q('LeaseUntil')} = {mark}, {q('Attempt')} = {q('Attempt')} + 1, "
-        f"{q('LastModifiedDate')} = {mark} WHERE {' OR '.join(where_sql)}"
+        f"{q('LastModifiedDate')} = {mark}, {q('FencingToken')} = {mark}, "
+        f"{q('Generation')} = {mark} WHERE {' OR '.join(where_sql)}"
     )
     conn.exec_driver_sql(sql, tuple(params))
 
@@ -350,6 +363,8 @@ def _leased_rows(conn: Connection, tokens: dict[str, str]) -> dict[str, Any]:
             _e.c.SourceId,
             _e.c.Payload,
             _e.c.CompanionPackInstallId,
+            _w.c.FencingToken,
+            _w.c.Generation,
         )
         .select_from(_w.outerjoin(_e, _e.c.EventId == _w.c.EventId))
         .where(_w.c.WorkId.in_(list(tokens)))
@@ -382,6 +397,8 @@ def _item(r: Any) -> ClaimedItem:
         replay_of_work_id=r.ReplayOfWorkId,
         companion_pack_install_id=r.CompanionPackInstallId,
         lane_ordinal=int(r.LaneOrdinal or 0),
+        fencing_token=r.FencingToken,
+        generation=int(r.Generation or 0),
     )
 
 
@@ -393,14 +410,21 @@ def _load_claimed(
     return [_item(rows[c.work_id]) for c in picked if c.work_id in rows]
 
 
-def load_claimed(engine: Engine, leases: Sequence[tuple[str, str]]) -> list[ClaimedItem]:
+def load_claimed(
+    engine: Engine, leases: Sequence[tuple[str, str]], fencing_token: str | None = None
+) -> list[ClaimedItem]:
     """Re-load claimed items from ``(work_id, lease_token)`` pairs, in input order.
 
     For a worker that got only the lease pairs from :func:`claim` (e.g. across
     an activity boundary). An item whose lease is lost (token changed, or not
-    ``processing`` any more) or that does not exist is left out. Read-only.
+    ``processing`` any more) or that does not exist is left out; so is one
+    not held under ``fencing_token`` when it is given (the worker's fence).
+    Read-only.
     """
     tokens = dict(leases)
     with engine.connect() as conn:
         rows = _leased_rows(conn, tokens)
+    if fencing_token is not None:
+        fence = fence_value(fencing_token)
+        rows = {w: r for w, r in rows.items() if r.FencingToken == fence}
     return [_item(rows[w]) for w in dict.fromkeys(w for w, _t in leases) if w in rows]

@@ -1,8 +1,9 @@
 """Leases and finishing: extend and hold leases, finish succeeded / retry / failed.
 
-Every finish is a compare-and-set on (WorkId, LeaseToken, State='processing')
-in the caller's transaction and writes one ``_System_ConnectorWorkAttempt``
-row; a lost lease raises :class:`LeaseLost`.
+Every finish is a compare-and-set on (WorkId, LeaseToken, FencingToken,
+State='processing') in the caller's transaction and writes one
+``_System_ConnectorWorkAttempt`` row; a lost lease raises :class:`LeaseLost`
+(a lease of a superseded claim fence is lost: see ``queue.fencing``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, or_, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from nexuscrm.connectors.queue.locking import write_transaction
 from nexuscrm.connectors.queue.shapes import ClaimedItem
@@ -34,8 +36,18 @@ from nexuscrm.connectors.queue.vocabulary import (
     _now,
     _truncate,
     _w,
+    fence_value,
 )
 from nexuscrm.db.dialect import dialect_name
+
+
+def _fence_is(fences: Sequence[str | None]) -> ColumnElement[bool]:
+    """``FencingToken`` is one of ``fences`` (``None``: an unfenced claim's NULL)."""
+    named = sorted({f for f in fences if f is not None})
+    conds = [_w.c.FencingToken.in_(named)] if named else []
+    if any(f is None for f in fences):
+        conds.append(_w.c.FencingToken.is_(None))
+    return or_(*conds)
 
 
 def _insert_attempts(
@@ -82,19 +94,23 @@ def extend_leases(
     leases: Sequence[tuple[str, str]],
     lease_seconds: float,
     now: datetime | None = None,
+    fencing_token: str | None = None,
 ) -> list[str]:
     """Push ``LeaseUntil`` to ``now + lease_seconds`` for each ``(work_id, lease_token)``.
 
-    One transaction, one compare-and-set per lease. A lease that expired but
-    was not reclaimed yet is extended (its token still matches). Returns the
-    work ids whose lease is lost (token changed, or no longer processing), in
-    input order. Raises ``ValueError`` for a non-positive ``lease_seconds``.
+    One transaction, one compare-and-set per lease (and on ``FencingToken``
+    when ``fencing_token`` is given: the worker's claim fence). A lease that
+    expired but was not reclaimed yet is extended (its token still matches).
+    Returns the work ids whose lease is lost (token changed, fence revoked
+    or other, or no longer processing), in input order. Raises
+    ``ValueError`` for a non-positive ``lease_seconds``.
     """
     when = _now(now)
     until = _lease_until(when, lease_seconds)
     lost: list[str] = []
     if not leases:
         return lost
+    fence = [] if fencing_token is None else [_fence_is([fence_value(fencing_token)])]
     with engine.begin() as conn:
         for work_id, token in leases:
             res = conn.execute(
@@ -103,6 +119,7 @@ def extend_leases(
                     _w.c.WorkId == work_id,
                     _w.c.LeaseToken == token,
                     _w.c.State == STATE_PROCESSING,
+                    *fence,
                 )
                 .values(LeaseUntil=until, LastModifiedDate=when)
             )
@@ -126,7 +143,7 @@ def release_leases(
 
     For a worker that stops (shutdown) with claimed items it has not started.
     One transaction; per item a compare-and-set on (WorkId, LeaseToken,
-    State='processing') sets ``State='pending'`` and clears ``LeaseOwner``,
+    FencingToken, State='processing') sets ``State='pending'`` and clears ``LeaseOwner``,
     ``LeaseToken`` and ``LeaseUntil`` (``RunAfter`` is kept: NULL or past, so
     the next claim takes the item at once). The attempt is recorded the way
     the stale reclaim records a dead worker's (``claiming._claim``): an
@@ -150,6 +167,7 @@ def release_leases(
                 .where(
                     _w.c.WorkId == item.work_id,
                     _w.c.LeaseToken == item.lease_token,
+                    _fence_is([item.fencing_token]),
                     _w.c.State == STATE_PROCESSING,
                 )
                 .values(
@@ -188,18 +206,19 @@ def hold_leases(conn: Connection, items: Sequence[ClaimedItem]) -> list[ClaimedI
     One read of the work-item rows (``FOR UPDATE`` on the MySQL family, so no
     stale reclaim can take them before the caller commits; SQLite: the caller
     holds the write lock, see :func:`write_transaction`). An item whose token
-    changed or that is no longer ``processing`` is left out: its lease is
-    lost and the caller must not write for it. Input order is kept.
+    or fencing token changed or that is no longer ``processing`` is left
+    out: its lease is lost and the caller must not write for it. Input order
+    is kept.
     """
     if not items:
         return []
-    stmt = select(_w.c.WorkId, _w.c.LeaseToken).where(
+    stmt = select(_w.c.WorkId, _w.c.LeaseToken, _w.c.FencingToken).where(
         _w.c.WorkId.in_([i.work_id for i in items]), _w.c.State == STATE_PROCESSING
     )
     if dialect_name(conn) == "mysql":
         stmt = stmt.with_for_update()
-    current = {r[0]: r[1] for r in conn.execute(stmt)}
-    return [i for i in items if current.get(i.work_id) == i.lease_token]
+    current = {r[0]: (r[1], r[2]) for r in conn.execute(stmt)}
+    return [i for i in items if current.get(i.work_id) == (i.lease_token, i.fencing_token)]
 
 
 def finish_succeeded_many(
@@ -233,6 +252,7 @@ def finish_succeeded_many(
         .where(
             _w.c.WorkId.in_(work_ids),
             _w.c.LeaseToken.in_([i.lease_token for i in items]),
+            _fence_is([i.fencing_token for i in items]),
             _w.c.State == STATE_PROCESSING,
         )
         .values(
@@ -279,6 +299,7 @@ def _finish(conn: Connection, item: ClaimedItem, values: dict[str, Any]) -> None
         .where(
             _w.c.WorkId == item.work_id,
             _w.c.LeaseToken == item.lease_token,
+            _fence_is([item.fencing_token]),
             _w.c.State == STATE_PROCESSING,
         )
         .values(LeaseOwner=None, LeaseToken=None, LeaseUntil=None, **values)
@@ -297,7 +318,7 @@ def finish_succeeded(
 ) -> None:
     """Mark ``item`` succeeded (terminal, ``TerminalAt``) in the caller's transaction.
 
-    Compare-and-set on (WorkId, LeaseToken, State='processing'); writes the
+    Compare-and-set on (WorkId, LeaseToken, FencingToken, State='processing'); writes the
     attempt row (``OutcomeState='succeeded'``, ``CauseCode=cause_code``).
     Raises ``LeaseLost`` when the lease token no longer matches — roll the
     transaction back then.

@@ -86,6 +86,11 @@ class ClaimedItem:
     lane_ordinal: int = 0
     """The item's position in its source lane (``LaneOrdinal``; a replay keeps
     the replayed item's)."""
+    fencing_token: str | None = None
+    """The claim fence the item is held under (its ``FencingToken``; ``None``:
+    an unfenced claim). Every finish, extension and release compares it."""
+    generation: int = 0
+    """The fence generation of the claim (its ``Generation``)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,11 @@ class ClaimSpec:
     first, in this order. ``now``: naive UTC (``None``: the clock),
     truncated to whole seconds by the claim. ``max_attempts``: an item that
     has used this many attempts (however they ended) is failed
-    ``attempts-exhausted`` by the claim instead of leased again.
+    ``attempts-exhausted`` by the claim instead of leased again. ``generation`` and
+    ``fencing_token``: the claimer's pool fence (the worker config's); the
+    claim is refused unless it is the pack's current fence (0 and blank:
+    unfenced, admitted only while the pack has no fence; see
+    :mod:`nexuscrm.connectors.queue.fencing`), and stamps both on the items.
 
     Immutable: the two class lists are stored as tuples. Nothing is checked
     here; the claim validates, so a bad spec fails where it is used.
@@ -119,6 +128,8 @@ class ClaimSpec:
     preferred_queue_classes: Sequence[str] = ()
     now: datetime | None = None
     max_attempts: int = MAX_ATTEMPTS
+    generation: int = 0
+    fencing_token: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_classes", tuple(self.queue_classes))

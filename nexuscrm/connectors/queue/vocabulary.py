@@ -159,6 +159,21 @@ def _truncate(value: str, limit: int) -> str:
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
+def fence_value(token: str) -> str | None:
+    """``token`` as stored in ``FencingToken`` (``None`` for a blank one).
+
+    Tokens longer than the 191-character column keep a 150-character prefix
+    plus ``#`` and the sha1 of the whole token (deterministic, like lane keys).
+    """
+    token = token.strip()
+    if not token:
+        return None
+    if len(token) <= _KEY_LEN:
+        return token
+    digest = hashlib.sha1(token.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return f"{token[:150]}#{digest}"
+
+
 def _parked(w: Any) -> ColumnElement[bool]:
     """The seed's parked-processing shape: a dependency and no lease at all."""
     return and_(
