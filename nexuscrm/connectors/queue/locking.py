@@ -2,9 +2,10 @@
 
 MySQL family: enqueue and replay serialize on the named lock
 :data:`ENQUEUE_LOCK_NAME`, claims of one pack on a per-pack named lock
-(:func:`_claim_lock_name`), each taken before its transaction starts (see
-:func:`_serialized`). SQLite: ``BEGIN IMMEDIATE`` plus an in-process writer lock
-per database file (:func:`_sqlite_writer`).
+(:func:`_claim_lock_name`), each scoped to the database
+(:func:`server_lock_name`: named locks are server-wide) and taken before its
+transaction starts (see :func:`_serialized`). SQLite: ``BEGIN IMMEDIATE``
+plus an in-process writer lock per database file (:func:`_sqlite_writer`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
     busy timeout of the time left, instead of the engine's 30 s).
     """
     deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    lock_name = server_lock_name(engine, lock_name)
     with _sqlite_writer(engine, LOCK_WAIT_SECONDS), engine.connect() as conn:
         mysql = dialect_name(conn) == "mysql"
         if mysql:
@@ -174,6 +176,21 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
         except BaseException:
             conn.rollback()
             raise
+
+
+def server_lock_name(engine: Engine, lock_name: str) -> str:
+    """``lock_name`` scoped to ``engine``'s database, as ``GET_LOCK`` takes it.
+
+    ``GET_LOCK`` names are server-wide, not per database: two databases on one
+    server (staging and production, or a test per database) would otherwise
+    queue their enqueues and claims behind each other. ``<name>@<database>``
+    when that fits MySQL's 64 characters, else ``nx_`` + a SHA-1 of it.
+    """
+    scoped = f"{lock_name}@{engine.url.database or ''}"
+    if len(scoped) <= 64:
+        return scoped
+    digest = hashlib.sha1(scoped.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return f"nx_{digest}"
 
 
 def _claim_lock_name(installed_pack_id: str) -> str:
