@@ -44,17 +44,20 @@ import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
 from pydantic import ValidationError
 
-from nexuscrm.errors import ManifestError
+from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
     Category,
+    FieldCustomization,
     FieldSpec,
     FieldType,
     ObjectSpec,
     PackManifest,
+    RecordSpec,
     SummarySpec,
     validate_identifier,
 )
+from nexuscrm.packs.sfdx_records import parse_record, record_files
 
 METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
 SFDX_PROJECT_FILE = "sfdx-project.json"
@@ -337,7 +340,28 @@ def _summary(root: Element, path: Path) -> SummarySpec | None:
     )
 
 
-def _field_spec(path: Path) -> FieldSpec:
+# Salesforce field types stored as another type (see the README table).
+_TYPE_ALIASES = {"EncryptedText": FieldType.Text}
+# MetadataRelationship targets: stored as the referenced API name, as text.
+_METADATA_RELATIONSHIP = "MetadataRelationship"
+
+
+def is_standard_field(api_name: str) -> bool:
+    """True for a Salesforce standard field name (no ``__`` suffix: ``AccountId``)."""
+    return "__" not in api_name
+
+
+def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldCustomization:
+    """Parse one field file.
+
+    A standard field (no ``__c``) of a standard object is a
+    :class:`FieldCustomization` (its ``<type>`` may be absent and a lookup's
+    target implied); every other field is a :class:`FieldSpec`.
+    ``MetadataRelationship`` becomes Text (255) holding the referenced API name,
+    ``EncryptedText`` Text (stored as plain text).
+
+    Raises ``ManifestError`` naming the file and element.
+    """
     root = _parse_xml(path, "CustomField")
     full_name = _required_text(root, "fullName", path)
     expected = path.name[: -len(FIELD_SUFFIX)]
@@ -349,12 +373,27 @@ def _field_spec(path: Path) -> FieldSpec:
         validate_identifier(full_name, "field api_name")
     except ValueError as exc:
         raise ManifestError(str(path), f"<fullName>: {exc}") from None
-    type_name = _required_text(root, "type", path)
-    if type_name not in FieldType.__members__:
+    customization = standard_object and is_standard_field(full_name)
+    type_name = _text(root, "type") or ""
+    if not type_name and not customization:
+        raise ManifestError(str(path), "<type> is missing or empty")
+    reference_to = _text(root, "referenceTo") or None
+    relationship_name = _text(root, "relationshipName") or None
+    description = _text(root, "description") or ""
+    length = _int(root, "length", path)
+    if type_name == _METADATA_RELATIONSHIP:
+        note = f"MetadataRelationship to {reference_to or '?'}, stored as the API name"
+        description = f"{description} ({note})" if description else note
+        type_name, length, reference_to, relationship_name = "Text", 255, None, None
+    elif type_name in _TYPE_ALIASES:
+        type_name = _TYPE_ALIASES[type_name].value
+        length = length or 175
+    if type_name and type_name not in FieldType.__members__:
         raise ManifestError(
             str(path),
             f"<type>: {type_name!r} is not a supported field type "
-            f"(supported: {', '.join(t.value for t in FieldType)})",
+            f"(supported: {', '.join(t.value for t in FieldType)}, EncryptedText, "
+            "MetadataRelationship)",
         )
     blanks = _text(root, "formulaTreatBlanksAs")
     if blanks and blanks not in ("BlankAsZero", "BlankAsBlank"):
@@ -369,26 +408,49 @@ def _field_spec(path: Path) -> FieldSpec:
         "api_name": full_name,
         "label": _text(root, "label") or "",
         "type": type_name,
-        "description": _text(root, "description") or "",
-        "length": _int(root, "length", path),
+        "description": description,
+        "length": length,
         "precision": _int(root, "precision", path),
         "scale": _int(root, "scale", path),
         "required": _bool(root, "required", path),
         "unique": _bool(root, "unique", path),
         "external_id": _bool(root, "externalId", path),
         "default_value": default_value,
-        "reference_to": _text(root, "referenceTo") or None,
-        "relationship_name": _text(root, "relationshipName") or None,
+        "reference_to": reference_to,
+        "relationship_name": relationship_name,
         "picklist_values": picklist_values,
         "formula": _text(root, "formula"),
         "summary": _summary(root, path),
     }
     if blanks:
         data["formula_treat_blanks_as"] = blanks
+    if customization:
+        return _customization(path, root, data)
     try:
         return FieldSpec.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(str(path), _field_error_text(exc)) from exc
+
+
+def _customization(path: Path, root: Element, data: dict[str, Any]) -> FieldCustomization:
+    spec: FieldSpec | None = None
+    complete = bool(data["type"]) and (
+        data["type"] not in ("Lookup", "MasterDetail") or data["reference_to"]
+    )
+    if complete:
+        try:
+            spec = FieldSpec.model_validate(data)
+        except ValidationError as exc:
+            raise ManifestError(str(path), _field_error_text(exc)) from exc
+    return FieldCustomization(
+        api_name=data["api_name"],
+        label=data["label"],
+        description=data["description"],
+        help_text=_text(root, "inlineHelpText") or "",
+        track_history=_bool(root, "trackHistory", path),
+        picklist_values=data["picklist_values"],
+        spec=spec,
+    )
 
 
 def _field_error_text(exc: ValidationError) -> str:
@@ -404,67 +466,166 @@ def _field_error_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_UNSUPPORTED_SUFFIXES = {
+    "__b": "big objects (__b) are not supported",
+    "__x": "external objects (__x) are not supported",
+    "__Share": "sharing objects (__Share) are not supported",
+    "__History": "history objects (__History) are not supported",
+    "__Feed": "feed objects (__Feed) are not supported",
+    "__ChangeEvent": "change event objects (__ChangeEvent) are not supported",
+}
+_NAMESPACED_RE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)__[A-Za-z0-9_]+__c$")
+
+
+def namespace_of(api_name: str) -> str | None:
+    """The package namespace of ``ns__Object__c`` (``hed``), else None."""
+    m = _NAMESPACED_RE.fullmatch(api_name)
+    return m.group(1) if m else None
+
+
 def _object_kind(api_name: str, folder: Path) -> tuple[str, bool]:
     """Return (kind, is_custom) for an object API name, or raise for unsupported suffixes."""
-    if api_name.endswith("__c"):
+    if api_name.endswith(("__c", "__mdt")):
         return "table", True
     if api_name.endswith("__e"):
         return "event", True
     if "__" in api_name:
         suffix = api_name[api_name.rindex("__") :]
-        raise ManifestError(
-            str(folder),
-            f"object {api_name}: {suffix} objects are not supported "
-            "(only custom objects __c, platform events __e and standard objects)",
+        reason = _UNSUPPORTED_SUFFIXES.get(
+            suffix,
+            f"{suffix} objects are not supported (only custom objects __c, custom "
+            "metadata types __mdt, platform events __e and standard objects)",
         )
+        raise ManifestError(str(folder), f"object {api_name}: {reason}")
     return "table", False
 
 
-def _collect(package_dirs: list[Path]) -> dict[str, _ObjectParts]:
-    objects: dict[str, _ObjectParts] = {}
+FieldItem = FieldSpec | FieldCustomization
+
+
+@dataclass
+class _Collected:
+    objects: dict[str, _ObjectParts] = field(default_factory=dict)
+    customizations: dict[str, dict[str, tuple[Path, FieldCustomization]]] = field(
+        default_factory=dict
+    )
+    records: dict[str, list[tuple[Path, RecordSpec]]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def fail(self, exc: ManifestError) -> None:
+        self.problems.append(problem_from(exc))
+
+
+def _collect_folder(folder: Path, out: _Collected) -> None:
+    api_name = folder.name
+    try:
+        validate_identifier(api_name, "object api_name")
+        _kind, is_custom = _object_kind(api_name, folder)
+    except ValueError as exc:
+        out.problems.append(Problem(str(folder), "", str(exc)))
+        return
+    except ManifestError as exc:
+        out.fail(exc)
+        return
+    parts = out.objects.setdefault(api_name, _ObjectParts(api_name))
+    parts.folders.append(folder)
+    meta_file = folder / f"{api_name}{OBJECT_SUFFIX}"
+    if meta_file.is_file():
+        if parts.meta_path is not None:
+            out.problems.append(
+                Problem(
+                    str(meta_file), "", f"object {api_name} is also defined in {parts.meta_path}"
+                )
+            )
+        else:
+            parts.meta_path = meta_file
+            try:
+                parts.meta = _object_meta(meta_file, api_name)
+            except ManifestError as exc:
+                out.fail(exc)
+    fields_dir = folder / "fields"
+    if not fields_dir.is_dir():
+        return
+    custom = out.customizations.setdefault(api_name, {})
+    for field_file in sorted(fields_dir.iterdir()):
+        if not field_file.name.endswith(FIELD_SUFFIX) or not field_file.is_file():
+            continue
+        try:
+            item = _field_spec(field_file, standard_object=not is_custom)
+        except ManifestError as exc:
+            out.fail(exc)
+            continue
+        prior_path = (parts.fields.get(item.api_name) or custom.get(item.api_name) or (None,))[0]
+        if prior_path is not None:
+            out.problems.append(
+                Problem(
+                    str(field_file),
+                    "",
+                    f"field {api_name}.{item.api_name} is also defined in {prior_path}",
+                )
+            )
+        elif isinstance(item, FieldCustomization):
+            custom[item.api_name] = (field_file, item)
+        else:
+            parts.fields[item.api_name] = (field_file, item)
+
+
+def _collect(package_dirs: list[Path]) -> _Collected:
+    out = _Collected()
     for base in package_dirs:
         for folder in _walk_object_folders(base):
-            if not _has_metadata(folder):
-                continue
-            api_name = folder.name
-            try:
-                validate_identifier(api_name, "object api_name")
-            except ValueError as exc:
-                raise ManifestError(str(folder), str(exc)) from None
-            _object_kind(api_name, folder)
-            parts = objects.setdefault(api_name, _ObjectParts(api_name))
-            parts.folders.append(folder)
-            meta_file = folder / f"{api_name}{OBJECT_SUFFIX}"
-            if meta_file.is_file():
-                if parts.meta_path is not None:
-                    raise ManifestError(
-                        str(meta_file), f"object {api_name} is also defined in {parts.meta_path}"
-                    )
-                parts.meta_path = meta_file
-                parts.meta = _object_meta(meta_file, api_name)
-            fields_dir = folder / "fields"
-            if not fields_dir.is_dir():
-                continue
-            for field_file in sorted(fields_dir.iterdir()):
-                if not field_file.name.endswith(FIELD_SUFFIX) or not field_file.is_file():
-                    continue
-                spec = _field_spec(field_file)
-                prior = parts.fields.get(spec.api_name)
-                if prior is not None:
-                    raise ManifestError(
-                        str(field_file),
-                        f"field {api_name}.{spec.api_name} is also defined in {prior[0]}",
-                    )
-                parts.fields[spec.api_name] = (field_file, spec)
-    return objects
+            if _has_metadata(folder):
+                _collect_folder(folder, out)
+        for record_file in record_files(base):
+            parsed = parse_record(record_file)
+            if isinstance(parsed, Problem):
+                out.problems.append(parsed)
+            else:
+                out.records.setdefault(parsed[0], []).append((record_file, parsed[1]))
+    return out
 
 
-def _object_spec(parts: _ObjectParts) -> ObjectSpec:
+# Standard fields every custom metadata type has besides Name (= its label).
+_MDT_FIELDS = (
+    FieldSpec(api_name="DeveloperName", label="Custom Metadata Record Name", type=FieldType.Text,
+              length=40),
+    FieldSpec(api_name="MasterLabel", label="Label", type=FieldType.Text, length=40),
+)  # fmt: skip
+
+
+def _records_of(
+    parts: _ObjectParts, found: list[tuple[Path, RecordSpec]], out: _Collected
+) -> tuple[RecordSpec, ...]:
+    declared = {k.lower() for k in parts.fields}
+    good: list[RecordSpec] = []
+    for path, rec in found:
+        unknown = sorted(f for f in rec.values if f.lower() not in declared)
+        if unknown:
+            out.problems.append(
+                Problem(
+                    str(path), "<values><field>",
+                    f"{', '.join(unknown)} not declared on {parts.api_name}",
+                )
+            )  # fmt: skip
+            continue
+        good.append(rec)
+    return tuple(sorted(good, key=lambda r: r.developer_name))
+
+
+def _object_spec(parts: _ObjectParts, out: _Collected) -> ObjectSpec | None:
     kind, is_custom = _object_kind(parts.api_name, parts.folders[0])
     extends = not is_custom or parts.meta_path is None
-    fields = tuple(
-        spec for _path, spec in sorted(parts.fields.values(), key=lambda x: x[1].api_name)
-    )
+    fields = [spec for _path, spec in sorted(parts.fields.values(), key=lambda x: x[1].api_name)]
+    records: tuple[RecordSpec, ...] = ()
+    if parts.api_name.endswith("__mdt"):
+        have = {f.api_name.lower() for f in fields}
+        fields = [f for f in _MDT_FIELDS if f.api_name.lower() not in have] + fields
+        records = _records_of(parts, out.records.pop(parts.api_name, []), out)
+    customizations = tuple(
+        c for _p, c in sorted(out.customizations.get(parts.api_name, {}).values(),
+                              key=lambda x: x[1].api_name)
+    )  # fmt: skip
+    namespace = namespace_of(parts.api_name) if parts.meta_path is None else None
     try:
         return ObjectSpec.model_validate(
             {
@@ -472,12 +633,53 @@ def _object_spec(parts: _ObjectParts) -> ObjectSpec:
                 "kind": kind,
                 "extends": extends,
                 **parts.meta,
-                "fields": fields,
+                "fields": tuple(fields),
+                "customizations": customizations,
+                "records": records,
+                "package_namespace": namespace,
             }
         )
     except ValidationError as exc:
         where = parts.meta_path or parts.folders[0]
-        raise ManifestError(str(where), format_validation_error(exc)) from exc
+        out.problems.append(Problem(str(where), "", format_validation_error(exc)))
+        return None
+
+
+def _referenced_namespaced(specs: list[ObjectSpec]) -> list[ObjectSpec]:
+    """Stub specs (``extends``, no fields) for namespaced objects the project's
+    lookups point at but does not hold (``hed__Term__c``)."""
+    have = {o.api_name.lower() for o in specs}
+    out: dict[str, ObjectSpec] = {}
+    for o in specs:
+        for f in o.fields:
+            target = f.reference_to
+            ns = namespace_of(target) if target else None
+            if target and ns and target.lower() not in have and target.lower() not in out:
+                out[target.lower()] = ObjectSpec(
+                    api_name=target, extends=True, package_namespace=ns
+                )
+    return list(out.values())
+
+
+def _read_plugin(root: Path) -> tuple[str | None, tuple[str, ...]]:
+    """(namespace, extra depends_on) from ``sfdx-project.json``: the standard
+    ``namespace`` key and ``plugins.nexusctl.dependsOn`` (a list of pack names)."""
+    project_file = root / SFDX_PROJECT_FILE
+    if not project_file.is_file():
+        return None, ()
+    data = json.loads(project_file.read_text(encoding="utf-8"))
+    namespace = data.get("namespace") or None
+    if namespace is not None and not isinstance(namespace, str):
+        raise ManifestError(str(project_file), "namespace: must be a string")
+    plugin = (data.get("plugins") or {}).get("nexusctl") or {}
+    deps = plugin.get("dependsOn") if isinstance(plugin, dict) else None
+    if deps is None:
+        return namespace, ()
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise ManifestError(
+            str(project_file), "plugins.nexusctl.dependsOn: must be a list of names"
+        )
+    return namespace, tuple(deps)
 
 
 def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") -> PackManifest:
@@ -485,45 +687,71 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
 
     ``name`` defaults to ``name`` in ``sfdx-project.json``, else the folder
     name, lower-cased and sanitized to the pack-name pattern. The pack depends
-    on ``platform-core``; objects and fields are sorted by API name, so the
-    result (and its payload hash) does not depend on directory order. ``source``
-    is the resolved folder path.
+    on ``platform-core`` plus ``plugins.nexusctl.dependsOn`` of
+    ``sfdx-project.json``; its ``namespace`` is that file's ``namespace``.
+    Objects and fields are sorted by API name, so the result (and its payload
+    hash) does not depend on directory order. ``source`` is the resolved
+    folder path. Custom metadata records (``customMetadata/``) become the
+    ``records`` of their ``__mdt`` object; namespaced objects the project's
+    lookups point at but does not hold get a stub (``package_namespace``).
 
     Raises:
-        ManifestError: naming the file (and XML element) at fault, for: a
-            folder that is not a directory; an unreadable / invalid
+        PackProblems: every problem of the project at once, each naming the
+            file (and XML element): an unreadable / invalid
             ``sfdx-project.json``; XML that does not parse or declares a DTD or
             entities; a wrong root element; a missing ``<fullName>`` or
-            ``<type>``; a ``<fullName>`` that differs from the file name; a
-            ``<type>`` outside :class:`FieldType`; an invalid API name or
-            number; an object or field defined twice; no objects found; or an
-            unusable pack name.
+            ``<type>`` (of a custom field); a ``<fullName>`` that differs from
+            the file name; an unsupported ``<type>`` or object suffix (``__b``,
+            ``__x`` ...); an invalid API name or number; an object or field
+            defined twice; a record of an undefined ``__mdt`` or naming an
+            undeclared field; no objects found; or an unusable pack name.
     """
     root = Path(root)
+    where = str(root)
     if not root.is_dir():
-        raise ManifestError(str(root), "Salesforce DX source must be a directory")
-    project_name, package_dirs = _read_project(root)
-    objects = _collect(package_dirs)
-    if not objects:
-        raise ManifestError(
-            str(root),
-            "no objects/<Object>/<Object>.object-meta.xml or fields/*.field-meta.xml found",
-        )
+        raise PackProblems(where, [Problem(where, "", "Salesforce DX source must be a directory")])
+    try:
+        project_name, package_dirs = _read_project(root)
+        namespace, extra_deps = _read_plugin(root)
+    except ManifestError as exc:
+        raise PackProblems(where, [problem_from(exc)]) from exc
+    found = _collect(package_dirs)
+    specs = [
+        spec
+        for key in sorted(found.objects)
+        if (spec := _object_spec(found.objects[key], found)) is not None
+    ]
+    for type_name, records in sorted(found.records.items()):
+        for path, _rec in records:
+            found.problems.append(
+                Problem(str(path), "", f"custom metadata type {type_name} is not defined in the "
+                        f"project (no objects/{type_name}/)")
+            )  # fmt: skip
+    specs = sorted(specs + _referenced_namespaced(specs), key=lambda o: o.api_name)
+    if not specs and not found.problems:
+        found.problems.append(
+            Problem(where, "", "no objects/<Object>/<Object>.object-meta.xml or "
+                    "fields/*.field-meta.xml found")
+        )  # fmt: skip
     if name is None:
         raw = project_name or root.resolve().name
         name = sanitize_pack_name(raw)
         if not name:
-            raise ManifestError(str(root), f"cannot derive a pack name from {raw!r}; pass name=")
-    specs = tuple(_object_spec(objects[key]) for key in sorted(objects))
+            found.problems.append(
+                Problem(where, "", f"cannot derive a pack name from {raw!r}; pass name=")
+            )
+    if found.problems:
+        raise PackProblems(where, found.problems)
     try:
         return PackManifest(
-            name=name,
+            name=name or "",
             category=Category.AppPack,
             version=version,
             description=SFDX_DESCRIPTION,
-            depends_on=DEFAULT_DEPENDS_ON,
-            objects=specs,
+            depends_on=tuple(dict.fromkeys(DEFAULT_DEPENDS_ON + extra_deps)),
+            namespace=namespace,
+            objects=tuple(specs),
             source=str(root.resolve()),
         )
     except ValidationError as exc:
-        raise ManifestError(str(root), format_validation_error(exc)) from exc
+        raise PackProblems(where, [Problem(where, "", format_validation_error(exc))]) from exc
