@@ -91,7 +91,10 @@ class PackProblems(ManifestError):
     the count and lists them grouped by file (:func:`format_problems`).
     """
 
-    def __init__(self, pack: str, problems: list[Problem]) -> None:
+    def __init__(self, pack: str, problems: list[Problem], partial: object = None) -> None:
+        # ``partial``: the PackManifest of what did load (or None), so the plan
+        # can still be checked and its problems reported with these.
+        self.partial = partial
         self.problems = list(problems)
         n = len(self.problems)
         files = len({p.file for p in self.problems})

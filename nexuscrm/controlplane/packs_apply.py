@@ -127,13 +127,27 @@ def load_plan(
             explicit.append(load_pack_source(source))
         except PackProblems as exc:
             problems.extend(exc.problems)
+            if isinstance(exc.partial, PackManifest):
+                explicit.append(exc.partial)
         except PackError as exc:
             problems.append(problem_from(exc))
-    if problems:
-        raise PackProblems(", ".join(app_sources), problems)
     names = {p.name for p in explicit}
     stored = [p for p in stored_app_packs(engine) if p.name not in names] if engine else []
-    return order_packs(packs + explicit + stored)
+    if not problems:
+        return order_packs(packs + explicit + stored)
+    # Report the plan's problems of what did load too: every problem at once.
+    try:
+        plan = order_packs(packs + explicit + stored)
+        problems.extend(plan_problems(_catalog_of(engine), plan))
+    except PackError as exc:
+        problems.append(problem_from(exc))
+    raise PackProblems(", ".join(app_sources), problems)
+
+
+def _catalog_of(engine: Engine | None) -> catalog.Catalog:
+    if engine is not None and t.object_meta.name in physical_tables(engine):
+        return catalog.CACHE.get(engine)
+    return catalog.Catalog(version=0)
 
 
 def validate_against(engine: Engine, packs: Sequence[PackManifest]) -> None:
@@ -142,11 +156,7 @@ def validate_against(engine: Engine, packs: Sequence[PackManifest]) -> None:
 
     Raises ``PackProblems`` with every problem of the plan, grouped by file.
     """
-    if t.object_meta.name in physical_tables(engine):
-        cat = catalog.CACHE.get(engine)
-    else:
-        cat = catalog.Catalog(version=0)
-    validate_plan(cat, packs)
+    validate_plan(_catalog_of(engine), packs)
 
 
 def summarize(packs: Sequence[PackManifest]) -> list[PlannedPackInfo]:

@@ -740,10 +740,8 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
             found.problems.append(
                 Problem(where, "", f"cannot derive a pack name from {raw!r}; pass name=")
             )
-    if found.problems:
-        raise PackProblems(where, found.problems)
     try:
-        return PackManifest(
+        pack = PackManifest(
             name=name or "",
             category=Category.AppPack,
             version=version,
@@ -754,4 +752,8 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
             source=str(root.resolve()),
         )
     except ValidationError as exc:
-        raise PackProblems(where, [Problem(where, "", format_validation_error(exc))]) from exc
+        found.problems.append(Problem(where, "", format_validation_error(exc)))
+        raise PackProblems(where, found.problems) from exc
+    if found.problems:
+        raise PackProblems(where, found.problems, partial=pack)
+    return pack

@@ -21,7 +21,6 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import NexusError, PackProblems, Problem, format_problems
 from nexuscrm.formulas import build_view_select, view_name
-from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import Category, ObjectSpec, PackManifest
 from nexusctl.cli.common import existing_engine, load_settings
 from nexusctl.cli.render import console, err_console, fail, require_engine, warn
@@ -67,12 +66,6 @@ def import_sfdx(
     are warnings.
     """
     settings = load_settings()
-    try:
-        pack = load_pack_source(path)
-    except PackProblems as exc:
-        _print_problems(exc.problems)
-    except NexusError as exc:
-        fail(str(exc))
     engine = existing_engine(settings)
     include_dev_sample = not settings.is_production
     try:
@@ -81,6 +74,13 @@ def import_sfdx(
         _print_problems(exc.problems)
     except NexusError as exc:
         fail(f"{exc} (checked against the platform and installed packs)")
+    target = path.resolve()
+    found = [
+        p for p in plan if p.source and "://" not in p.source and Path(p.source).resolve() == target
+    ]
+    if not found:
+        fail(f"{path}: not found in the plan")
+    pack = found[0]
     cat = catalog.CACHE.get(engine) if engine is not None and _has_catalog(engine) else None
     cat = cat or catalog.Catalog(version=0)
     state = PlanState.of(cat)
