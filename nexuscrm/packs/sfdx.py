@@ -14,11 +14,16 @@ list views ...) is ignored.
 Mapping rules:
 
 - ``Foo__c`` is a custom object the pack owns; ``Foo__e`` a platform event
-  (``kind="event"``); a name without a ``__`` suffix (``Account``, ``Case``) is
-  a standard object the pack extends (``extends=True``). A custom object folder
-  with fields but no ``.object-meta.xml`` anywhere in the project also becomes
-  ``extends=True`` (the object is owned elsewhere). Other suffixes (``__mdt``,
-  ``__x``, ``__b`` ...) are refused.
+  (``kind="event"``); ``Foo__mdt`` a custom metadata type (a table, its
+  ``customMetadata/Foo.*.md-meta.xml`` records become its ``records``); a name
+  without a ``__`` suffix (``Account``, ``Case``) is a standard object the
+  pack extends (``extends=True``), and its standard fields (no ``__c``)
+  become ``customizations``. A custom object folder with fields but no
+  ``.object-meta.xml`` anywhere in the project also becomes ``extends=True``;
+  a namespaced one (``hed__X__c``) carries ``package_namespace``. Other
+  suffixes (``__x``, ``__b`` ...) are problems.
+- Every problem of the project is collected (``PackProblems``), each naming
+  its file and element.
 - A formula field keeps its ``<type>`` (the return type) and its ``<formula>``.
 - ``default_value`` is the ``<defaultValue>`` formula expression as written
   (``1``, ``TODAY() - 10``, ``"text"``); a picklist without one but with
