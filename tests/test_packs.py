@@ -446,7 +446,9 @@ def test_sfdx_metadata_api_format_is_refused(tmp_path: Path) -> None:
     (folder / "Widget__c.object-meta.xml").write_text(
         _object_xml("Widget", "<fields><fullName>X__c</fullName><type>Text</type></fields>")
     )
-    with pytest.raises(ManifestError, match=r"(?s)Widget__c\.object-meta\.xml.*Metadata API format"):
+    with pytest.raises(
+        ManifestError, match=r"(?s)Widget__c\.object-meta\.xml.*Metadata API format"
+    ):
         load_sfdx(tmp_path / "app")
 
 

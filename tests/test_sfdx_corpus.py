@@ -77,12 +77,14 @@ async def test_corpus_project_installs_unedited(temporal_env, settings, project,
         listed_fields += int(fields)
         if kind != "event":
             assert name.lower() in tables, name
+        entry = catalog.CACHE.get(engine).get(name)
+        assert entry is not None, name
         if kind.startswith(("table", "stand-in", "custom metadata")):
-            assert catalog.CACHE.get(engine).get(name).pack_name == pack.name, name
+            assert entry.pack_name == pack.name, name
         if int(records):
             obj = next(o for o in pack.objects if o.api_name == name)
             with engine.connect() as conn:
-                tbl = catalog.object_table(catalog.CACHE.get(engine).get(name).spec(), "sqlite")
+                tbl = catalog.object_table(entry.spec(), "sqlite")
                 ids = set(conn.execute(select(tbl.c.Id)).scalars())
             assert {record_id(name, r.developer_name) for r in obj.records} <= ids
     assert owned_fields == listed_fields
