@@ -41,6 +41,7 @@ from nexuscrm.packs.model import (
     ObjectSpec,
     PackManifest,
 )
+from nexuscrm.packs.sfdx import walk_object_folders
 
 # Field types whose stored columns are interchangeable; a change across
 # families would need a data migration, so apply refuses it (fails closed).
@@ -142,9 +143,7 @@ class _Locator:
         self.folders: dict[str, Path] = {}
         src = Path(pack.source) if pack.source and "://" not in pack.source else None
         if src is not None and src.is_dir():
-            from nexuscrm.packs.sfdx import _walk_object_folders
-
-            for folder in _walk_object_folders(src):
+            for folder in walk_object_folders(src):
                 self.folders.setdefault(folder.name.lower(), folder)
 
     def where(self, obj: str, fld: str | None = None) -> str:

@@ -92,7 +92,7 @@ class _ObjectParts:
 # discovery
 
 
-def _walk_object_folders(base: Path) -> Iterator[Path]:
+def walk_object_folders(base: Path) -> Iterator[Path]:
     """Yield every ``objects/<Object>`` folder under ``base``, sorted, pruned."""
     for dirpath, dirnames, _files in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
@@ -119,7 +119,7 @@ def is_sfdx_source(root: Path) -> bool:
         return False
     if (root / SFDX_PROJECT_FILE).is_file():
         return True
-    return any(_has_metadata(folder) for folder in _walk_object_folders(root))
+    return any(_has_metadata(folder) for folder in walk_object_folders(root))
 
 
 def _read_project(root: Path) -> tuple[str | None, list[Path]]:
@@ -322,7 +322,7 @@ def _collect_folder(folder: Path, out: _Collected) -> None:
 def _collect(package_dirs: list[Path]) -> _Collected:
     out = _Collected()
     for base in package_dirs:
-        for folder in _walk_object_folders(base):
+        for folder in walk_object_folders(base):
             if _has_metadata(folder):
                 _collect_folder(folder, out)
         for record_file in record_files(base):
