@@ -26,6 +26,7 @@ inlines referenced formulas into the caller's compiled formula.
 
 from __future__ import annotations
 
+import difflib
 from decimal import Decimal
 from typing import Any
 
@@ -38,7 +39,8 @@ from nexuscrm.packs.model import (
 )
 
 from .dialects import DialectOps, Expr, int_lit, num_lit, ops_for, str_lit
-from .functions import FUNCTIONS, SUPPORTED_FUNCTIONS, arity
+from .fnbase import arity
+from .functions import FUNCTIONS, PICKLIST_FUNCTIONS, SUPPORTED_FUNCTIONS
 from .syntax import (
     BinOp,
     Bool,
@@ -165,7 +167,8 @@ class FormulaCompiler:
         if value.kind == Kind.NULL:
             out = sa.null()
         elif want == Kind.TEXT:
-            out = ops.blank_to_null(value.sql)
+            # Salesforce trims a text result; what is left empty is blank.
+            out = ops.blank_to_null(ops.trim_blanks(value.sql))
         elif want == Kind.NUMBER:
             out = value.sql
             if f.type == FieldType.Percent:
@@ -232,7 +235,7 @@ class FormulaCompiler:
             return self._column_value(self.location_columns[key], Kind.NUMBER, blank_as_zero)
         target = self.fields.get(key)
         if target is None:
-            raise Reject(f"unknown field {name!r} on {self.obj.api_name}")
+            raise Reject(f"unknown field {name!r} on {self.obj.api_name}" + self._suggest(name))
         if target.is_formula:
             return self._inline(target, blank_as_zero)
         if target.type == FieldType.Location:
@@ -246,10 +249,21 @@ class FormulaCompiler:
         if kind is None:  # pragma: no cover - every stored type maps to a kind
             raise Reject(f"field {target.api_name} of type {target.type} cannot be used")
         value = self._column_value(target.api_name, kind, blank_as_zero)
+        if target.type in (FieldType.Picklist, FieldType.MultiselectPicklist):
+            multi = target.type == FieldType.MultiselectPicklist
+            return Value(kind, value.sql, picklist=target.api_name, multiselect=multi)
         if target.type == FieldType.Percent:
             # Salesforce formulas see percents as fractions: 10 (%) reads as 0.1.
             value = Value(Kind.NUMBER, self.ops.number(value.sql) * num_lit("0.01"))
         return value
+
+    def _suggest(self, name: str) -> str:
+        """'; did you mean X?' with the nearest known field name (difflib), or ''."""
+        names = [f.api_name for f in self.obj.fields]
+        names += list(self.standard.values()) + list(self.location_columns.values())
+        by_lower = {n.lower(): n for n in names}
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+        return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
     def _column_value(self, col_name: str, kind: Kind, blank_as_zero: bool) -> Value:
         col = self.table.c.get(col_name)
@@ -288,10 +302,15 @@ class FormulaCompiler:
 
     # -- operators ---------------------------------------------------------
     def unary(self, node: UnOp, scope: FieldSpec) -> Value:
-        """Unary minus / plus on a number."""
+        """Unary minus / plus on a number, ``!`` (NOT) on a boolean."""
         if node.op == "&":
             raise Reject("syntax error: '&' needs a left operand")
         operand = self.expr(node.operand, scope)
+        if node.op == "!":
+            if operand.kind not in (Kind.BOOLEAN, Kind.NULL):
+                raise Reject(f"operator '!' needs a boolean, got {operand.kind}")
+            return Value(Kind.BOOLEAN, sa.not_(operand.sql), operand.err)
+        self._no_picklist(operand)
         if operand.kind == Kind.NULL:
             return Value(Kind.NUMBER, sa.null())
         if operand.kind != Kind.NUMBER:
@@ -306,6 +325,8 @@ class FormulaCompiler:
         left = self.expr(node.left, scope)
         right = self.expr(node.right, scope)
         op = node.op
+        self._no_picklist(left)
+        self._no_picklist(right)
         if op in ("&&", "||"):
             for side in (left, right):
                 if side.kind not in (Kind.BOOLEAN, Kind.NULL):
@@ -319,6 +340,15 @@ class FormulaCompiler:
         if op == "+" and Kind.TEXT in (left.kind, right.kind):
             return self.concat(op, left, right)
         return self.arithmetic(op, left, right)
+
+    @staticmethod
+    def _no_picklist(value: Value) -> None:
+        """Refuse a raw picklist where Salesforce refuses it (operators, most functions)."""
+        if value.picklist is not None:
+            raise Reject(
+                f"Field {value.picklist} is a picklist field. Picklist fields are only "
+                "supported in certain functions."
+            )
 
     def concat(self, op: str, left: Value, right: Value) -> Value:
         """Text concatenation; blank text is ''."""
@@ -438,11 +468,19 @@ class FormulaCompiler:
         """A function call: checks the name and argument count, then dispatches."""
         spec = FUNCTIONS.get(node.name)
         if spec is None:
-            raise Reject(f"unknown function {node.name}()")
+            close = difflib.get_close_matches(node.name, list(FUNCTIONS), n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}()?" if close else ""
+            raise Reject(f"unknown function {node.name}(){hint}")
         n = len(node.args)
         if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
             raise Reject(f"{node.name}() takes {arity(spec)}, got {n}")
         args = [self.expr(a, scope) for a in node.args]
+        if node.name not in PICKLIST_FUNCTIONS:
+            for a in args:
+                self._no_picklist(a)
+        elif node.name == "CASE":
+            for a in args[1:]:
+                self._no_picklist(a)
         try:
             return spec.impl(self, args, scope)
         except ArgType as exc:

@@ -48,6 +48,18 @@ class _IntervalSecond(FunctionElement[Any]):
     inherit_cache = True
 
 
+class _IntervalMonth(FunctionElement[Any]):
+    """``INTERVAL <expr> MONTH``."""
+
+    name = "interval_month"
+    inherit_cache = True
+
+
+@compiles(_IntervalMonth)
+def _compile_interval_month(element: _IntervalMonth, compiler: Any, **kw: Any) -> str:
+    return f"INTERVAL {compiler.process(element.clauses, **kw)} MONTH"
+
+
 @compiles(_IntervalDay)
 def _compile_interval_day(element: _IntervalDay, compiler: Any, **kw: Any) -> str:
     return f"INTERVAL {compiler.process(element.clauses, **kw)} DAY"
@@ -138,6 +150,11 @@ class DialectOps:
         """True when the text is NULL or has no characters (never NULL itself)."""
         return sa.func.coalesce(self.length(x), int_lit(0)) == int_lit(0)
 
+    def trim_blanks(self, x: Expr) -> Expr:
+        """Text without leading/trailing spaces, tabs, CRs and LFs (Salesforce TRIM
+        and the trimming of every Text result)."""
+        raise NotImplementedError
+
     def number_to_text(self, x: Expr) -> Expr:
         """TEXT(number): no trailing zeros, no exponent for ordinary magnitudes."""
         raise NotImplementedError
@@ -223,6 +240,9 @@ class SqliteOps(DialectOps):
 
     def length(self, x: Expr) -> Expr:
         return sa.func.length(x)
+
+    def trim_blanks(self, x: Expr) -> Expr:
+        return sa.func.trim(x, sa.func.char(int_lit(32), int_lit(9), int_lit(10), int_lit(13)))
 
     def number_to_text(self, x: Expr) -> Expr:
         # Whole numbers print without ".0"; others with 15 significant digits,
@@ -333,6 +353,9 @@ class MysqlOps(DialectOps):
 
     def length(self, x: Expr) -> Expr:
         return sa.func.char_length(x)
+
+    def trim_blanks(self, x: Expr) -> Expr:
+        return sa.func.regexp_replace(x, str_lit("^[ \t\r\n]+|[ \t\r\n]+$"), str_lit(""))
 
     def text_cmp_operand(self, x: Expr) -> Expr:
         # BINARY: Salesforce text comparison is case-sensitive and counts trailing

@@ -64,7 +64,9 @@ class Value:
     where evaluation fails at run time (None: cannot fail).  ``const`` holds a
     numeric literal's value so ROUND can fold its digits; ``nonnull`` marks
     text that is never NULL (literals, concatenations), which needs no
-    COALESCE when concatenated.
+    COALESCE when concatenated.  ``picklist`` names the picklist field a raw
+    picklist reference reads (Salesforce only lets a few functions take one);
+    ``multiselect`` marks a multi-select picklist (INCLUDES' first argument).
     """
 
     kind: Kind
@@ -72,6 +74,8 @@ class Value:
     err: Pred | None = None
     const: Decimal | None = None
     nonnull: bool = False
+    picklist: str | None = None
+    multiselect: bool = False
 
 
 STANDARD_KINDS: dict[str, Kind] = {

@@ -1,0 +1,411 @@
+"""Salesforce formula functions, operators and output rules on SQLite and MariaDB.
+
+Each case runs on both backends against a real row through the object's
+formula view, with one expected value for both.  Every expected value comes
+from a rule of Salesforce's formula documentation ("Formula Operators and
+Functions", Salesforce Help), quoted or named in the comment above the case.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm.db.sqlfuncs import install_sqlite_functions
+from nexuscrm.formulas import (
+    CreateView,
+    DropView,
+    FormulaError,
+    build_view_select,
+    compile_formula,
+    view_name,
+)
+from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec, FieldType, ObjectSpec
+
+MYSQL_URL = os.environ.get("NEXUS_TEST_MYSQL_URL")
+
+DIALECTS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param(
+        "mysql",
+        id="mysql",
+        marks=[
+            pytest.mark.mysql,
+            pytest.mark.skipif(not MYSQL_URL, reason="NEXUS_TEST_MYSQL_URL is not set"),
+        ],
+    ),
+]
+
+_ENGINES: dict[str, sa.Engine] = {}
+
+
+def engine_for(dialect: str) -> sa.Engine:
+    if dialect not in _ENGINES:
+        if dialect == "sqlite":
+            engine = sa.create_engine("sqlite://")
+            sa.event.listen(engine, "connect", lambda conn, _rec: install_sqlite_functions(conn))
+        else:
+            assert MYSQL_URL
+            url = sa.make_url(MYSQL_URL)
+            server = sa.create_engine(url.set(database=""))
+            with server.begin() as conn:
+                conn.exec_driver_sql(f"CREATE DATABASE IF NOT EXISTS `{url.database}`")
+            server.dispose()
+            engine = sa.create_engine(url)
+        _ENGINES[dialect] = engine
+    return _ENGINES[dialect]
+
+
+def column_type(dialect: str, f: FieldSpec) -> sa.types.TypeEngine[Any]:
+    sqlite = dialect == "sqlite"
+    if f.type in (FieldType.Number, FieldType.Currency, FieldType.Percent):
+        return sa.Numeric(f.precision or 18, f.scale or 0)
+    if f.type == FieldType.Checkbox:
+        return sa.Integer() if sqlite else sa.Boolean()
+    if f.type == FieldType.Date:
+        return sa.Text() if sqlite else sa.Date()
+    if f.type == FieldType.DateTime:
+        return sa.Text() if sqlite else sa.DateTime()
+    if f.type == FieldType.Time:
+        return sa.Text() if sqlite else sa.Time()
+    return sa.Text() if sqlite else sa.String(255)
+
+
+class World:
+    """One object's table, its formula view and its rows, on one backend."""
+
+    def __init__(self, dialect: str, fields: list[FieldSpec], rows: list[dict[str, Any]]):
+        self.engine = engine_for(dialect)
+        self.obj = ObjectSpec(api_name=f"F{uuid.uuid4().hex[:10]}__c", fields=tuple(fields))
+        self.metadata = sa.MetaData()
+        sqlite = dialect == "sqlite"
+        text = sa.Text() if sqlite else sa.String(255)
+        stamp = sa.Text() if sqlite else sa.DateTime()
+        std: dict[str, Any] = {
+            "Id": sa.String(18),
+            "Name": text,
+            "OwnerId": sa.String(18),
+            "CreatedDate": stamp,
+            "LastModifiedDate": stamp,
+            "IsDeleted": sa.Integer() if sqlite else sa.Boolean(),
+        }
+        assert tuple(std) == STANDARD_COLUMNS
+        cols = [sa.Column(n, t, primary_key=n == "Id") for n, t in std.items()]
+        for f in fields:
+            for c in f.column_names():
+                cols.append(sa.Column(c, column_type(dialect, f)))
+        self.table = sa.Table(self.obj.api_name, self.metadata, *cols)
+        self.select, self.problems = build_view_select(self.obj, self.table, dialect)
+        self.view = view_name(self.obj.api_name)
+        with self.engine.begin() as conn:
+            self.metadata.create_all(conn)
+            conn.execute(CreateView(self.view, self.select))
+            full = [{c.name: None for c in self.table.c} | row for row in rows]
+            conn.execute(self.table.insert(), full)
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        quoted = self.engine.dialect.identifier_preparer.quote(self.view)
+        with self.engine.connect() as conn:
+            result = conn.exec_driver_sql(f"SELECT * FROM {quoted}")
+            return {row["Id"]: dict(row) for row in result.mappings()}
+
+    def drop(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(DropView(self.view))
+            self.metadata.drop_all(conn)
+
+
+def norm(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode()
+    return value
+
+
+def check(actual: Any, expected: Any) -> None:
+    actual = norm(actual)
+    if isinstance(expected, int | float) and not isinstance(expected, bool):
+        assert actual is not None, f"expected {expected}, got NULL"
+        assert float(actual) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    else:
+        assert actual == expected
+
+
+def F(name: str, ftype: FieldType, formula: str | None = None, **kw: Any) -> FieldSpec:
+    return FieldSpec(api_name=name, type=ftype, formula=formula, **kw)
+
+
+STORED = [
+    F("T__c", FieldType.Text),
+    F("Blank__c", FieldType.Text),
+    F("N__c", FieldType.Number, precision=18, scale=2),
+    F("NB__c", FieldType.Number, precision=18, scale=2),
+    F("D__c", FieldType.Date),
+    F("DT__c", FieldType.DateTime),
+    F("P__c", FieldType.Picklist, picklist_values=("Open", "Closed")),
+    F("M__c", FieldType.MultiselectPicklist, picklist_values=("Red", "Green", "Blue")),
+]
+
+ROW = {
+    "Id": "001D000000IRFma",
+    "T__c": "Hello World",
+    "N__c": Decimal("-2.5"),
+    "D__c": "2024-01-31",
+    "DT__c": "2024-03-10 13:45:30",
+    "P__c": "Open",
+    "M__c": "Red;Green",
+}
+
+N, TXT, CHK, DATE, DTM = (
+    FieldType.Number,
+    FieldType.Text,
+    FieldType.Checkbox,
+    FieldType.Date,
+    FieldType.DateTime,
+)
+
+# (formula, result type, expected); None expected = blank (or a runtime error: #Error!).
+CASES: list[tuple[str, FieldType, Any]] = [
+    # --- date and time ------------------------------------------------------
+    # YEAR/MONTH/DAY: "Returns the year / month (1-12) / day of the month (1-31)".
+    ("YEAR(D__c)", N, 2024),
+    ("MONTH(D__c)", N, 1),
+    ("DAY(D__c)", N, 31),
+    # DAYOFYEAR: "the day of the calendar year (1-366)"; 2024 is a leap year.
+    ("DAYOFYEAR(DATE(2024, 3, 1))", N, 61),
+    # WEEKDAY: "1 for Sunday, 2 for Monday ... 7 for Saturday"; 2024-01-31 is a Wednesday.
+    ("WEEKDAY(D__c)", N, 4),
+    # ISOWEEK/ISOYEAR: ISO 8601 weeks start on Monday; 2021-01-01 (a Friday)
+    # is in week 53 of ISO year 2020, 2024-12-30 (a Monday) in week 1 of 2025.
+    ("ISOWEEK(DATE(2021, 1, 1))", N, 53),
+    ("ISOYEAR(DATE(2021, 1, 1))", N, 2020),
+    ("ISOWEEK(DATE(2024, 12, 30))", N, 1),
+    ("ISOYEAR(DATE(2024, 12, 30))", N, 2025),
+    # ADDMONTHS: "If the date is the last day of the month, or the resulting
+    # month has fewer days, the result is the last day of the resulting month."
+    ("ADDMONTHS(D__c, 1)", DATE, "2024-02-29"),
+    ("ADDMONTHS(DATE(2024, 2, 29), 1)", DATE, "2024-03-31"),
+    ("ADDMONTHS(DATE(2024, 1, 15), -2)", DATE, "2023-11-15"),
+    ("ADDMONTHS(D__c, 13)", DATE, "2025-02-28"),
+    # DATE(year, month, day); an impossible day is an error (#Error!).
+    ("DATE(2024, 2, 29)", DATE, "2024-02-29"),
+    ("DATE(2023, 2, 29)", DATE, None),
+    ("DATE(2023, 13, 1)", DATE, None),
+    # DATEVALUE: a date from "YYYY-MM-DD" text or from a date/time (GMT).
+    ('DATEVALUE("2024-05-06")', DATE, "2024-05-06"),
+    ("DATEVALUE(DT__c)", DATE, "2024-03-10"),
+    ('DATEVALUE("2024-02-30")', DATE, None),
+    ('DATEVALUE("May 6")', DATE, None),
+    # DATETIMEVALUE: "YYYY-MM-DD HH:MM:SS" text in GMT; a date is its midnight.
+    ('DATETIMEVALUE("2024-05-06 07:08:09")', DTM, "2024-05-06 07:08:09"),
+    ("DATETIMEVALUE(DATE(2024, 5, 6))", DTM, "2024-05-06 00:00:00"),
+    ('DATETIMEVALUE("2024-05-06 25:00:00")', DTM, None),
+    # TIMEVALUE: a time from "HH:MM:SS.MS" text or a date/time's GMT time;
+    # HOUR/MINUTE/SECOND/MILLISECOND read it back.
+    ('TEXT(TIMEVALUE("07:08:09.123"))', TXT, "07:08:09.123Z"),
+    ('MILLISECOND(TIMEVALUE("07:08:09.123"))', N, 123),
+    ("HOUR(TIMEVALUE(DT__c))", N, 13),
+    ("MINUTE(TIMEVALUE(DT__c))", N, 45),
+    ("SECOND(TIMEVALUE(DT__c))", N, 30),
+    ('TIMEVALUE("24:00:00")', FieldType.Time, None),
+    # UNIXTIMESTAMP: "the number of seconds since 1 Jan 1970 for the given
+    # date or datetime, or number of seconds in the day for a time".
+    ("UNIXTIMESTAMP(DATE(1970, 1, 2))", N, 86400),
+    ("UNIXTIMESTAMP(DT__c)", N, 1710078330),
+    ('UNIXTIMESTAMP(TIMEVALUE("01:00:01"))', N, 3601),
+    # FROMUNIXTIME: the GMT date/time of a number of seconds since 1970.
+    ("FROMUNIXTIME(1710078330)", DTM, "2024-03-10 13:45:30"),
+    ("ISBLANK(TIMENOW())", CHK, 0),
+    # Function names are case-insensitive.
+    ('If(Today() > Date(2000, 1, 1), "later", "earlier")', TXT, "later"),
+    # --- logical --------------------------------------------------------------
+    # "! ... NOT: Returns FALSE for TRUE and TRUE for FALSE."
+    ("!(1 > 2)", CHK, 1),
+    ("!ISBLANK(T__c)", CHK, 1),
+    ("!ISBLANK(Blank__c) || FALSE", CHK, 0),
+    # ISNEW / ISCLONE: a stored record (what a view row is) is neither new nor a clone.
+    ("ISNEW()", CHK, 0),
+    ("ISCLONE()", CHK, 0),
+    # ISNUMBER: "Determines if a text value is a number".
+    ('ISNUMBER("12.5")', CHK, 1),
+    ('ISNUMBER("-3")', CHK, 1),
+    ('ISNUMBER("12abc")', CHK, 0),
+    ("ISNUMBER(Blank__c)", CHK, 0),
+    # --- math -----------------------------------------------------------------
+    # CEILING: "Rounds a number up to the nearest integer, away from zero if negative."
+    ("CEILING(2.5)", N, 3),
+    ("CEILING(N__c)", N, -3),
+    # FLOOR: "Returns a number rounded down to the nearest integer, towards zero if negative."
+    ("FLOOR(2.5)", N, 2),
+    ("FLOOR(N__c)", N, -2),
+    # MCEILING / MFLOOR: the mathematical ceiling and floor.
+    ("MCEILING(N__c)", N, -2),
+    ("MFLOOR(N__c)", N, -3),
+    ("EXP(1)", N, 2.718281828459045),
+    ("LN(EXP(2))", N, 2),
+    ("LOG(1000)", N, 3),
+    ("LN(0)", N, None),
+    ("SQRT(16)", N, 4),
+    ("SQRT(-1)", N, None),
+    # MOD: "the remainder after a number is divided by a divisor".
+    ("MOD(7, 3)", N, 1),
+    ("MOD(-7, 3)", N, -1),
+    ("MOD(7.5, 2)", N, 1.5),
+    ("MOD(1, 0)", N, None),
+    ("MAX(1, 5, 3)", N, 5),
+    ("MIN(1, N__c, 3)", N, -2.5),
+    ("MAX(7)", N, 7),
+    ("PI()", N, 3.14159265358979),
+    # TRUNC: "Truncates a number to a specified number of digits."
+    ("TRUNC(1.98)", N, 1),
+    ("TRUNC(-1.98)", N, -1),
+    ("TRUNC(1.15, 2)", N, 1.15),
+    ("TRUNC(1289, -2)", N, 1200),
+    # --- text -------------------------------------------------------------------
+    # BEGINS / CONTAINS / FIND are case-sensitive.
+    ('BEGINS(T__c, "Hell")', CHK, 1),
+    ('BEGINS(T__c, "hell")', CHK, 0),
+    ('CONTAINS(T__c, "World")', CHK, 1),
+    ('CONTAINS(T__c, "world")', CHK, 0),
+    # FIND: "Returns the position of the search_text string in text"; 0 if absent.
+    ('FIND("o", T__c)', N, 5),
+    ('FIND("o", T__c, 6)', N, 8),
+    ('FIND("z", T__c)', N, 0),
+    ("LEFT(T__c, 5)", TXT, "Hello"),
+    ("RIGHT(T__c, 5)", TXT, "World"),
+    ("MID(T__c, 7, 3)", TXT, "Wor"),
+    # "If num_chars is less than zero, Salesforce replaces it with zero": empty = blank.
+    ("LEFT(T__c, -1)", TXT, None),
+    # LPAD/RPAD: pad to padded_length; longer text is truncated
+    # ("RPAD('my_company.com', 14, 'z') returns my_company.com").
+    ('LPAD("abc", 5, "xy")', TXT, "xyabc"),
+    ('RPAD("abc", 6, "xy")', TXT, "abcxyx"),
+    ('RPAD("my_company.com", 14, "z")', TXT, "my_company.com"),
+    ('RPAD("my_company.com", 15, "z")', TXT, "my_company.comz"),
+    ('LPAD("abcdef", 3)', TXT, "abc"),
+    ('SUBSTITUTE("a-b-c", "-", "+")', TXT, "a+b+c"),
+    ('TRIM("  x  ") & "|"', TXT, "x|"),
+    # LOWER / UPPER convert all letters, not only ASCII.
+    ('UPPER("éàü ñ")', TXT, "ÉÀÜ Ñ"),
+    ('LOWER("ÀÉÎ Ø")', TXT, "àéî ø"),
+    ('REVERSE("äbc")', TXT, "cbä"),
+    # HTMLENCODE replaces HTML-reserved characters with entities.
+    ("HTMLENCODE(\"<a href='x'>&\")", TXT, "&lt;a href=&#39;x&#39;&gt;&amp;"),
+    # JSENCODE inserts a backslash before unsafe JavaScript characters.
+    ('JSENCODE("it\'s \\"x\\"")', TXT, 'it\\\'s \\"x\\"'),
+    # JSINHTMLENCODE(x) "is equivalent to JSENCODE(HTMLENCODE(x))".
+    ('JSINHTMLENCODE("<it\'s>")', TXT, "&lt;it&#39;s&gt;"),
+    # URLENCODE: "blank spaces are replaced with %20, and exclamation points with %21".
+    ('URLENCODE("a b!")', TXT, "a%20b%21"),
+    ("BR()", TXT, "<br>"),
+    # CASESAFEID: the 18-character form of a 15-character Id.
+    ("CASESAFEID(Id)", TXT, "001D000000IRFmaIAH"),
+    # INCLUDES: "Determines if any value selected in a multi-select picklist field
+    # equals a text literal you specify" (exact match).
+    ('INCLUDES(M__c, "Red")', CHK, 1),
+    ('INCLUDES(M__c, "Blue")', CHK, 0),
+    ('INCLUDES(M__c, "red")', CHK, 0),
+    ('ISPICKVAL(P__c, "Open")', CHK, 1),
+    ('CASE(P__c, "Open", 1, 2)', N, 1),
+    ('ASCII("A")', N, 65),
+    ('ASCII("é")', N, 233),
+    ("CHR(65)", TXT, "A"),
+    ("CHR(233)", TXT, "é"),
+    # --- output rules -----------------------------------------------------------
+    # A Text result is trimmed; what is left empty is blank.
+    ('"  x  "', TXT, "x"),
+    ('"   "', TXT, None),
+    ('LPAD("abc", 5)', TXT, "abc"),
+]
+
+
+def _fields() -> list[FieldSpec]:
+    return [F(f"C{i}__c", ftype, formula) for i, (formula, ftype, _) in enumerate(CASES)]
+
+
+@pytest.fixture(scope="module", params=DIALECTS)
+def evaluated(request: pytest.FixtureRequest) -> Iterator[tuple[World, dict[str, Any]]]:
+    world = World(request.param, STORED + _fields(), [ROW])
+    row_id = str(ROW["Id"])
+    try:
+        yield world, world.rows()[row_id]
+    finally:
+        world.drop()
+
+
+def test_every_function_case_compiles(evaluated: tuple[World, dict[str, Any]]) -> None:
+    world, _ = evaluated
+    assert world.problems == []
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [pytest.param(i, c[2], id=c[0]) for i, c in enumerate(CASES)],
+)
+def test_function_value(evaluated: tuple[World, dict[str, Any]], index: int, expected: Any) -> None:
+    _, row = evaluated
+    check(row[f"C{index}__c"], expected)
+
+
+# --- compile errors that teach ---------------------------------------------------
+
+
+def _compile(formula: str, dialect: str = "sqlite", ftype: FieldType = N) -> None:
+    obj = ObjectSpec(api_name="Obj__c", fields=(*STORED, F("X__c", ftype, formula)))
+    md = sa.MetaData()
+    cols = [sa.Column(n, sa.Text()) for n in STANDARD_COLUMNS]
+    cols += [sa.Column(c, sa.Text()) for f in STORED for c in f.column_names()]
+    table = sa.Table("Obj__c", md, *cols)
+    compile_formula(obj, obj.fields[-1], table, dialect)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_syntax_error_shows_a_caret(dialect: str) -> None:
+    with pytest.raises(FormulaError) as info:
+        _compile("IF(N__c > 1,\n  N__c @ 2, 0)", dialect)
+    assert info.value.reason.endswith("\n    N__c @ 2, 0)\n         ^")
+    with pytest.raises(FormulaError) as info:
+        _compile("ROUND(N__c, 2", dialect)
+    assert info.value.reason.endswith("\n  ROUND(N__c, 2\n               ^")
+
+
+def test_unknown_field_suggests_the_nearest_name() -> None:
+    with pytest.raises(FormulaError) as info:
+        _compile("NBB__c + 1")
+    assert "unknown field 'NBB__c'" in info.value.reason
+    assert "did you mean 'NB__c'?" in info.value.reason
+    with pytest.raises(FormulaError) as info:
+        _compile("ROUDN(1, 2)")
+    assert "did you mean ROUND()?" in info.value.reason
+
+
+PICKLIST_REFUSAL = (
+    "Field P__c is a picklist field. Picklist fields are only supported in certain functions."
+)
+
+
+@pytest.mark.parametrize(
+    ("formula", "ftype"),
+    [('P__c = "Open"', CHK), ('P__c & "x"', TXT), ("LEN(P__c)", N), ('IF(TRUE, P__c, "")', TXT)],
+)
+def test_raw_picklist_is_refused_as_salesforce_refuses_it(formula: str, ftype: FieldType) -> None:
+    with pytest.raises(FormulaError) as info:
+        _compile(formula, ftype=ftype)
+    assert info.value.reason == PICKLIST_REFUSAL
+
+
+def test_includes_needs_a_multiselect_picklist() -> None:
+    with pytest.raises(FormulaError, match="INCLUDES\\(\\) argument 1 must be a multi-select"):
+        _compile('INCLUDES(T__c, "a")', ftype=CHK)
