@@ -67,6 +67,8 @@ def column_type(dialect: str, f: FieldSpec) -> sa.types.TypeEngine[Any]:
     sqlite = dialect == "sqlite"
     if f.type in (FieldType.Number, FieldType.Currency, FieldType.Percent):
         return sa.Numeric(f.precision or 18, f.scale or 0)
+    if f.type == FieldType.Location:
+        return sa.Numeric(9, 6)
     if f.type == FieldType.Checkbox:
         return sa.Integer() if sqlite else sa.Boolean()
     if f.type == FieldType.Date:
@@ -156,6 +158,7 @@ STORED = [
     F("DT__c", FieldType.DateTime),
     F("P__c", FieldType.Picklist, picklist_values=("Open", "Closed")),
     F("M__c", FieldType.MultiselectPicklist, picklist_values=("Red", "Green", "Blue")),
+    F("Loc__c", FieldType.Location),
 ]
 
 ROW = {
@@ -166,6 +169,8 @@ ROW = {
     "DT__c": "2024-03-10 13:45:30",
     "P__c": "Open",
     "M__c": "Red;Green",
+    "Loc__Latitude__s": Decimal("0"),
+    "Loc__Longitude__s": Decimal("1"),
 }
 
 N, TXT, CHK, DATE, DTM = (
@@ -230,6 +235,19 @@ CASES: list[tuple[str, FieldType, Any]] = [
     ("ISBLANK(TIMENOW())", CHK, 0),
     # Function names are case-insensitive.
     ('If(Today() > Date(2000, 1, 1), "later", "earlier")', TXT, "later"),
+    # "When calculating dates using fractions, Salesforce ignores any numbers
+    # beyond the decimal": TODAY() + 1.7 is TODAY() + 1, TODAY() + (-1.8) is
+    # TODAY() - 1, and TODAY() + 0.5 + 0.5 is TODAY() + 0.
+    ("D__c + 1.7", DATE, "2024-02-01"),
+    ("D__c + (-1.8)", DATE, "2024-01-30"),
+    ("D__c - 1.8", DATE, "2024-01-30"),
+    ("D__c + 0.5 + 0.5", DATE, "2024-01-31"),
+    ("D__c + (0.5 + 0.5)", DATE, "2024-02-01"),
+    # Time arithmetic is in milliseconds: 9:00 PM - 8:00 PM is 3600000, and a
+    # time plus milliseconds wraps around midnight (Time holds no date).
+    ('TIMEVALUE("21:00:00") - TIMEVALUE("20:00:00")', N, 3600000),
+    ('TEXT(TIMEVALUE("23:59:59.500") + 1500)', TXT, "00:00:01.000Z"),
+    ('TEXT(TIMEVALUE("00:00:00.250") - 500)', TXT, "23:59:59.750Z"),
     # --- logical --------------------------------------------------------------
     # "! ... NOT: Returns FALSE for TRUE and TRUE for FALSE."
     ("!(1 > 2)", CHK, 1),
@@ -268,6 +286,10 @@ CASES: list[tuple[str, FieldType, Any]] = [
     ("MIN(1, N__c, 3)", N, -2.5),
     ("MAX(7)", N, 7),
     ("PI()", N, 3.14159265358979),
+    # DISTANCE of GEOLOCATIONs or Location fields, in 'km' or 'mi': one degree
+    # of longitude on the equator is 2 * pi * 6371 / 360 km.
+    ("DISTANCE(GEOLOCATION(0, 0), GEOLOCATION(0, 1), 'km')", N, 111.19492664455873),
+    ("DISTANCE(Loc__c, GEOLOCATION(0, 0), 'mi')", N, 111.19492664455873 / 1.609344),
     # TRUNC: "Truncates a number to a specified number of digits."
     ("TRUNC(1.98)", N, 1),
     ("TRUNC(-1.98)", N, -1),
@@ -301,6 +323,9 @@ CASES: list[tuple[str, FieldType, Any]] = [
     ('UPPER("éàü ñ")', TXT, "ÉÀÜ Ñ"),
     ('LOWER("ÀÉÎ Ø")', TXT, "àéî ø"),
     ('REVERSE("äbc")', TXT, "cbä"),
+    # INITCAP: "Returns the text as lowercase with the first character of each
+    # word in uppercase."
+    ('INITCAP("xéla übER o\'neil 3d")', TXT, "Xéla Über O'Neil 3d"),
     # HTMLENCODE replaces HTML-reserved characters with entities.
     ("HTMLENCODE(\"<a href='x'>&\")", TXT, "&lt;a href=&#39;x&#39;&gt;&amp;"),
     # JSENCODE inserts a backslash before unsafe JavaScript characters.

@@ -203,7 +203,7 @@ class FormulaCompiler:
         if isinstance(node, Num):
             return Value(Kind.NUMBER, num_lit(node.text), const=Decimal(node.text))
         if isinstance(node, Str):
-            return Value(Kind.TEXT, str_lit(node.value), nonnull=True)
+            return Value(Kind.TEXT, str_lit(node.value), nonnull=True, const_text=node.value)
         if isinstance(node, Bool):
             return Value(Kind.BOOLEAN, sa.true() if node.value else sa.false())
         if isinstance(node, Null):
@@ -239,10 +239,10 @@ class FormulaCompiler:
         if target.is_formula:
             return self._inline(target, blank_as_zero)
         if target.type == FieldType.Location:
-            raise Reject(
-                f"location field {target.api_name} can only be used through its "
-                "__Latitude__s / __Longitude__s columns"
-            )
+            lat_name, lon_name = target.column_names()
+            lat = self._column_value(lat_name, Kind.NUMBER, False)
+            lon = self._column_value(lon_name, Kind.NUMBER, False)
+            return Value(Kind.LOCATION, lat.sql, lon=lon.sql)
         if target.type == FieldType.Summary:
             raise Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
         kind = kind_of_field_type(target.type)
@@ -343,7 +343,12 @@ class FormulaCompiler:
 
     @staticmethod
     def _no_picklist(value: Value) -> None:
-        """Refuse a raw picklist where Salesforce refuses it (operators, most functions)."""
+        """Refuse a raw picklist where Salesforce refuses it (operators, most functions),
+        and a location anywhere but DISTANCE()."""
+        if value.kind == Kind.LOCATION:
+            raise Reject(
+                "a location (GEOLOCATION() or a Location field) can only be used in DISTANCE()"
+            )
         if value.picklist is not None:
             raise Reject(
                 f"Field {value.picklist} is a picklist field. Picklist fields are only "
@@ -368,6 +373,8 @@ class FormulaCompiler:
         err = errs_of(left, right)
         mismatch = Reject(f"operator {op!r} cannot combine {lk} and {rk}")
         temporal = (Kind.DATE, Kind.DATETIME)
+        if op in ("+", "-") and Kind.TIME in (lk, rk):
+            return self._time_arithmetic(op, left, right)
         if op in ("+", "-") and (lk in temporal or rk in temporal):
             if op == "+" and rk in temporal and lk in (Kind.NUMBER, Kind.NULL):
                 left, right = right, left  # number + date == date + number
@@ -403,6 +410,23 @@ class FormulaCompiler:
             value, undefined = ops.power(a, b)
             return Value(Kind.NUMBER, ops.number(value), or_errs(err, undefined))
         raise Reject(f"unknown operator {op!r}")  # pragma: no cover - grammar limits ops
+
+    def _time_arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        """Time +/- a number of milliseconds (wrapping around midnight), and
+        Time - Time in milliseconds (Salesforce's Time arithmetic)."""
+        lk, rk = left.kind, right.kind
+        err = errs_of(left, right)
+        if op == "+" and rk == Kind.TIME and lk in (Kind.NUMBER, Kind.NULL):
+            left, right, lk, rk = right, left, rk, lk
+        if lk == Kind.TIME and rk in (Kind.NUMBER, Kind.NULL):
+            delta = self.ops.number(right.sql)
+            if op == "-":
+                delta = -delta
+            return Value(Kind.TIME, self.ops.time_add_ms(left.sql, delta), err)
+        if op == "-" and lk == Kind.TIME and rk in (Kind.TIME, Kind.NULL):
+            diff = self.ops.time_ms(left.sql) - self.ops.time_ms(right.sql)
+            return Value(Kind.NUMBER, self.ops.number(diff), err)
+        raise Reject(f"operator {op!r} cannot combine {lk} and {rk}")
 
     def compare(self, op: str, left: Value, right: Value) -> Value:
         """Comparison of two values of the same type (NULL fits any)."""
@@ -475,7 +499,9 @@ class FormulaCompiler:
         if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
             raise Reject(f"{node.name}() takes {arity(spec)}, got {n}")
         args = [self.expr(a, scope) for a in node.args]
-        if node.name not in PICKLIST_FUNCTIONS:
+        if node.name == "DISTANCE":
+            pass  # checks its own arguments
+        elif node.name not in PICKLIST_FUNCTIONS:
             for a in args:
                 self._no_picklist(a)
         elif node.name == "CASE":

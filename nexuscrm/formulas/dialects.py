@@ -225,6 +225,14 @@ class DialectOps:
         """datetime + days (fraction allowed, rounded to whole seconds)."""
         raise NotImplementedError
 
+    def time_ms(self, t: Expr) -> Expr:
+        """Milliseconds since midnight of a time."""
+        raise NotImplementedError
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        """A time plus a number of milliseconds (fraction dropped), modulo 24 hours."""
+        raise NotImplementedError
+
     def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
         """A date/datetime/time operand normalised for comparison (kind: date|datetime|time)."""
         return x
@@ -331,6 +339,27 @@ class SqliteOps(DialectOps):
         modifier = sa.type_coerce(secs, sa.String()).concat(str_lit(" seconds"))
         return sa.func.datetime(d, modifier)
 
+    def time_ms(self, t: Expr) -> Expr:
+        def part(fmt: str) -> Expr:
+            return sa.cast(sa.func.strftime(str_lit(fmt), t), sa.Integer())
+
+        frac = sa.cast(
+            sa.func.round(sa.func.strftime(str_lit("%f"), t) * int_lit(1000)), sa.Integer()
+        )
+        return part("%H") * int_lit(3600000) + part("%M") * int_lit(60000) + frac
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        day = int_lit(86400000)
+        total = (self.time_ms(t) + sa.cast(ms, sa.Integer())) % day
+        total = (total + day) % day
+        return sa.func.printf(
+            str_lit("%02d:%02d:%02d.%03d"),
+            total // int_lit(3600000),
+            (total // int_lit(60000)) % int_lit(60),
+            (total // int_lit(1000)) % int_lit(60),
+            total % int_lit(1000),
+        )
+
     def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
         # julianday() makes '2024-01-01 00:00:00' and '2024-01-01T00:00:00.000'
         # compare equal; text comparison would not.
@@ -427,6 +456,24 @@ class MysqlOps(DialectOps):
 
     def datetime_add(self, d: Expr, days: Expr) -> Expr:
         return sa.func.date_add(d, _IntervalSecond(sa.func.round(days * int_lit(86400))))
+
+    def time_ms(self, t: Expr) -> Expr:
+        return (
+            sa.func.hour(t) * int_lit(3600000)
+            + sa.func.minute(t) * int_lit(60000)
+            + sa.func.second(t) * int_lit(1000)
+            + sa.func.floor(sa.func.microsecond(t) / int_lit(1000))
+        )
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        day = int_lit(86400000)
+        total = sa.func.mod(
+            sa.func.mod(self.time_ms(t) + sa.func.truncate(ms, int_lit(0)), day) + day, day
+        )
+        return sa.cast(
+            sa.func.sec_to_time(sa.cast(total, sa.Numeric(20, 0)) / int_lit(1000)),
+            mysql_dialect.TIME(fsp=3),
+        )
 
 
 def ops_for(dialect: str) -> DialectOps:

@@ -17,7 +17,7 @@ from nexuscrm.packs.model import FieldSpec
 
 from .dialects import Expr, int_lit, num_lit
 from .fnbase import Function
-from .values import Kind, Pred, Value, errs_of, or_errs
+from .values import ArgType, Kind, Pred, Value, errs_of, or_errs
 
 if TYPE_CHECKING:
     from .compiler import FormulaCompiler
@@ -138,6 +138,43 @@ def _fn_trunc(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     return Value(Kind.NUMBER, c.ops.number(value), errs_of(*errs))
 
 
+#: DISTANCE's Earth: a sphere of the mean radius (km); a mile is 1.609344 km.
+EARTH_RADIUS_KM = "6371.0"
+KM_PER_MILE = "1.609344"
+
+
+def _fn_geolocation(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    """GEOLOCATION(latitude, longitude): a location, only usable inside DISTANCE()."""
+    lat, lon = args
+    c.need(lat, 1, Kind.NUMBER)
+    c.need(lon, 2, Kind.NUMBER)
+    return Value(Kind.LOCATION, c.ops.number(lat.sql), errs_of(lat, lon), lon=c.ops.number(lon.sql))
+
+
+def _fn_distance(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
+    """DISTANCE(loc1, loc2, 'mi' | 'km'): great-circle (haversine) distance; blank
+    when a coordinate is blank.  The unit must be a literal, as Salesforce requires."""
+    a, b, unit = args
+    for i, loc in ((1, a), (2, b)):
+        if loc.kind != Kind.LOCATION or loc.lon is None:
+            raise ArgType(f"argument {i} must be a location (GEOLOCATION() or a Location field)")
+    if unit.kind != Kind.TEXT or unit.const_text not in ("mi", "km"):
+        raise ArgType("argument 3 must be the text literal 'mi' or 'km'")
+    assert a.lon is not None and b.lon is not None
+    rad = num_lit("0.0174532925199433")  # pi / 180
+    lat1, lat2 = a.sql * rad, b.sql * rad
+    dlat = (b.sql - a.sql) * rad / int_lit(2)
+    dlon = (b.lon - a.lon) * rad / int_lit(2)
+    h = sa.func.power(sa.func.sin(dlat), int_lit(2)) + sa.func.cos(lat1) * sa.func.cos(
+        lat2
+    ) * sa.func.power(sa.func.sin(dlon), int_lit(2))
+    # LEAST(1, h): rounding may push h a hair above 1, where ASIN is undefined.
+    h = sa.case((h > int_lit(1), int_lit(1)), else_=h)
+    km = int_lit(2) * num_lit(EARTH_RADIUS_KM) * sa.func.asin(sa.func.sqrt(h))
+    value = km if unit.const_text == "km" else km / num_lit(KM_PER_MILE)
+    return Value(Kind.NUMBER, c.ops.number(value), errs_of(a, b))
+
+
 def _fn_false(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     """ISNEW() / ISCLONE(): a stored record is never new and never a clone."""
     return Value(Kind.BOOLEAN, sa.false())
@@ -169,6 +206,8 @@ MATH_FUNCTIONS: dict[str, Function] = {
     "MIN": _extreme(False),
     "PI": Function(_fn_pi, 0, 0),
     "TRUNC": Function(_fn_trunc, 1, 2),
+    "GEOLOCATION": Function(_fn_geolocation, 2, 2),
+    "DISTANCE": Function(_fn_distance, 3, 3),
     "ISNEW": Function(_fn_false, 0, 0),
     "ISCLONE": Function(_fn_false, 0, 0),
     "ISNUMBER": Function(_fn_isnumber, 1, 1),

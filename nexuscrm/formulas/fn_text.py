@@ -20,7 +20,7 @@ from nexuscrm.packs.model import FieldSpec
 
 from .dialects import Expr, html_escape, int_lit, str_lit
 from .fnbase import Function
-from .values import ArgType, Kind, Value, errs_of
+from .values import ArgType, Kind, Value, errs_of, or_errs
 
 if TYPE_CHECKING:
     from .compiler import FormulaCompiler
@@ -61,6 +61,31 @@ class _Utf32(FunctionElement[Any]):
 @compiles(_Utf32)
 def _compile_utf32(element: _Utf32, compiler: Any, **kw: Any) -> str:
     return f"CONVERT({compiler.process(element.clauses, **kw)} USING utf32)"
+
+
+#: MySQL/MariaDB INITCAP handles texts up to this many characters (MySQL's
+#: default cte_max_recursion_depth is 1000); longer text is a runtime error.
+INITCAP_MAX_CHARS = 1000
+
+
+class _InitcapMysql(FunctionElement[Any]):
+    """MySQL: INITCAP as a scalar subquery over the character positions."""
+
+    name = "initcap_mysql"
+    inherit_cache = True
+
+
+@compiles(_InitcapMysql)
+def _compile_initcap(element: _InitcapMysql, compiler: Any, **kw: Any) -> str:
+    x = compiler.process(element.clauses, **kw)
+    # (*UCP): [[:alnum:]] covers every Unicode letter and digit, as Python's isalnum().
+    return (
+        f"(WITH RECURSIVE nx_pos(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM nx_pos "
+        f"WHERE i < {INITCAP_MAX_CHARS}) "
+        f"SELECT GROUP_CONCAT(IF(i = 1 OR SUBSTR({x}, i - 1, 1) NOT REGEXP "
+        f"'(*UCP)^[[:alnum:]]$', UPPER(SUBSTR({x}, i, 1)), LOWER(SUBSTR({x}, i, 1))) "
+        f"ORDER BY i SEPARATOR '') FROM nx_pos WHERE i <= CHAR_LENGTH({x}))"
+    )
 
 
 def _sqlite(c: FormulaCompiler) -> bool:
@@ -210,9 +235,13 @@ def _case_fn(sqlite_name: str, mysql_name: str) -> Function:
 def _fn_initcap(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     (t,) = args
     c.need(t, 1, Kind.TEXT)
-    if not _sqlite(c):
-        raise ArgType("is not available on MySQL/MariaDB yet (it needs a per-character loop)")
-    return Value(Kind.TEXT, sa.func.nx_initcap(t.sql), t.err)
+    """INITCAP: "the text as lowercase with the first character of each word in
+    uppercase"; a word starts after any character that is not a letter or digit."""
+    if _sqlite(c):
+        return Value(Kind.TEXT, sa.func.nx_initcap(t.sql), t.err)
+    too_long = c.ops.length(t.sql) > int_lit(INITCAP_MAX_CHARS)
+    value = sa.case((too_long, sa.null()), else_=_InitcapMysql(t.sql))
+    return Value(Kind.TEXT, value, or_errs(t.err, too_long))
 
 
 def _replace_all(x: Expr, pairs: list[tuple[str, str]]) -> Expr:

@@ -37,6 +37,7 @@ class Kind(StrEnum):
     DATE = "date"
     DATETIME = "datetime"
     TIME = "time"
+    LOCATION = "location"  # GEOLOCATION() or a Location field: sql is the latitude
     NULL = "null"  # the NULL literal: fits any type
 
 
@@ -67,6 +68,7 @@ class Value:
     COALESCE when concatenated.  ``picklist`` names the picklist field a raw
     picklist reference reads (Salesforce only lets a few functions take one);
     ``multiselect`` marks a multi-select picklist (INCLUDES' first argument).
+    A LOCATION value's ``sql`` is its latitude and ``lon`` its longitude.
     """
 
     kind: Kind
@@ -76,6 +78,8 @@ class Value:
     nonnull: bool = False
     picklist: str | None = None
     multiselect: bool = False
+    lon: Expr | None = None
+    const_text: str | None = None
 
 
 STANDARD_KINDS: dict[str, Kind] = {
