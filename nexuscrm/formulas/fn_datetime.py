@@ -187,7 +187,7 @@ _DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
 def _matches(c: FormulaCompiler, t: Expr, regex: str, glob: str) -> Pred:
     if _sqlite(c):
         return t.op("GLOB")(str_lit(glob))
-    return sa.cast(t, sa.LargeBinary()).op("REGEXP")(str_lit(regex))
+    return sa.cast(t, sa.LargeBinary()).op("REGEXP", is_comparison=True)(str_lit(regex))
 
 
 def _text_date(c: FormulaCompiler, t: Expr) -> tuple[Expr, Pred]:
@@ -242,7 +242,7 @@ def _text_time(c: FormulaCompiler, t: Expr) -> tuple[Expr, Pred]:
             t.op("GLOB")(str_lit("[0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9]")),
         )
     else:
-        shape = sa.cast(t, sa.LargeBinary()).op("REGEXP")(str_lit(_TIME_RE))
+        shape = sa.cast(t, sa.LargeBinary()).op("REGEXP", is_comparison=True)(str_lit(_TIME_RE))
 
     def sub(start: int) -> Expr:
         return sa.cast(sa.func.substr(t, int_lit(start), int_lit(2)), sa.Integer())
