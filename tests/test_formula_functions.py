@@ -348,6 +348,18 @@ CASES: list[tuple[str, FieldType, Any]] = [
     ('ASCII("é")', N, 233),
     ("CHR(65)", TXT, "A"),
     ("CHR(233)", TXT, "é"),
+    # VALUE: "If the text in a VALUE function is a non-numerical/invalid format,
+    # the formula isn't calculated and resolves to a blank value": 1 + VALUE(x)
+    # is 124 for "123", blank for blank, "$123" and "EUR123".
+    ('1 + VALUE("123")', N, 124),
+    ("1 + VALUE(Blank__c)", N, None),
+    ('1 + VALUE("$123")', N, None),
+    ('1 + VALUE("EUR123")', N, None),
+    ('VALUE("-12.5")', N, -12.5),
+    ('BLANKVALUE(VALUE("$123"), 0)', N, None),
+    # TEXT of a blank date or date/time is blank.
+    ("TEXT(DATEVALUE(Blank__c))", TXT, None),
+    ("TEXT(DATETIMEVALUE(Blank__c))", TXT, None),
     # --- output rules -----------------------------------------------------------
     # A Text result is trimmed; what is left empty is blank.
     ('"  x  "', TXT, "x"),
