@@ -360,6 +360,15 @@ CASES: list[tuple[str, FieldType, Any]] = [
     # TEXT of a blank date or date/time is blank.
     ("TEXT(DATEVALUE(Blank__c))", TXT, None),
     ("TEXT(DATETIMEVALUE(Blank__c))", TXT, None),
+    # TEXT(number): plain decimal notation, trailing zeros dropped, at most 15
+    # significant digits on both backends.
+    ("TEXT(N__c)", TXT, "-2.5"),
+    ("TEXT(1/3)", TXT, "0.333333333333333"),
+    ("TEXT(0.000001)", TXT, "0.000001"),
+    ("TEXT(SQRT(2))", TXT, "1.4142135623731"),
+    ("TEXT(1234567.125)", TXT, "1234567.125"),
+    ("TEXT(100.50)", TXT, "100.5"),
+    ("TEXT(0)", TXT, "0"),
     # --- output rules -----------------------------------------------------------
     # A Text result is trimmed; what is left empty is blank.
     ('"  x  "', TXT, "x"),

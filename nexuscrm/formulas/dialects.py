@@ -156,7 +156,9 @@ class DialectOps:
         raise NotImplementedError
 
     def number_to_text(self, x: Expr) -> Expr:
-        """TEXT(number): no trailing zeros, no exponent for ordinary magnitudes."""
+        """TEXT(number): plain decimal notation (never an exponent), at most 15
+        significant digits (what a double holds exactly, so both dialects agree),
+        no trailing zeros."""
         raise NotImplementedError
 
     def date_to_text(self, x: Expr) -> Expr:
@@ -253,13 +255,16 @@ class SqliteOps(DialectOps):
         return sa.func.trim(x, sa.func.char(int_lit(32), int_lit(9), int_lit(10), int_lit(13)))
 
     def number_to_text(self, x: Expr) -> Expr:
-        # Whole numbers print without ".0"; others with 15 significant digits,
-        # which is what a double holds exactly.
+        # Whole numbers print without ".0"; others with 15 significant digits
+        # in fixed notation (%.*f with the decimals those digits need).
         as_int = sa.cast(x, sa.Integer())
+        magnitude = sa.cast(sa.func.floor(sa.func.log10(sa.func.abs(x))), sa.Integer())
+        decimals = sa.func.max(int_lit(0), int_lit(14) - magnitude)
+        fixed = sa.func.printf(str_lit("%.*f"), decimals, x)
         return sa.case(
             (x.is_(None), sa.null()),  # printf() would print NULL as 0
             (x == as_int, sa.cast(as_int, sa.Text())),
-            else_=sa.func.printf(str_lit("%.15g"), x),
+            else_=sa.func.rtrim(sa.func.rtrim(fixed, str_lit("0")), str_lit(".")),
         )
 
     def date_to_text(self, x: Expr) -> Expr:
@@ -397,7 +402,12 @@ class MysqlOps(DialectOps):
         return sa.func.nullif(x, sa.cast(str_lit(""), sa.LargeBinary()))
 
     def number_to_text(self, x: Expr) -> Expr:
-        s = sa.cast(x, sa.CHAR())
+        # Rounded to 15 significant digits as DECIMAL (a DOUBLE would print
+        # with an exponent), then trailing zeros dropped.
+        magnitude = sa.func.floor(sa.func.log10(sa.func.abs(x)))
+        decimals = sa.func.least(int_lit(30), sa.func.greatest(int_lit(0), int_lit(14) - magnitude))
+        rounded = sa.func.round(sa.cast(x, sa.Numeric(65, 30)), decimals)
+        s = sa.cast(sa.case((x == int_lit(0), int_lit(0)), else_=rounded), sa.CHAR())
         return sa.case(
             (sa.func.locate(str_lit("."), s) > int_lit(0), _TrimTrailingDot(_TrimTrailingZeros(s))),
             else_=s,
