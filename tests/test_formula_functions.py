@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -649,3 +650,39 @@ def test_random_text_literal_round_trips_through_the_view(dialect: str, text: st
         world.drop()
     expected = text.strip(" \t\n") or None
     assert got == expected
+
+
+# --- a corpus formula, spot-checked --------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sfdx"
+PMT_PROJECT = CORPUS / "project-management-tool/force-app/main/default/objects/PMT_Project__c"
+
+
+@pytest.mark.skipif(not PMT_PROJECT.is_dir(), reason="corpus not present")
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_pmt_release_quarter(dialect: str) -> None:
+    """project-management-tool PMT_Project__c.Release_Qtr__c: fiscal year and
+    quarter from a date with ``Year(``, MONTH, MOD, CASE and TEXT.  January is
+    Q4 of the fiscal year named by the calendar year; May is Q2 of the next
+    one.  A blank date makes MONTH/YEAR blank, TEXT of blank is '' and ``+``
+    reads blank text as '', so the result is "FY-"."""
+    from defusedxml import ElementTree
+
+    ns = {"m": "http://soap.sforce.com/2006/04/metadata"}
+    root = ElementTree.parse(PMT_PROJECT / "fields/Release_Qtr__c.field-meta.xml").getroot()
+    formula = root.find("m:formula", ns)
+    assert formula is not None and formula.text
+    fields = [F("Release_Date__c", DATE), F("Release_Qtr__c", TXT, formula.text)]
+    rows = [
+        {"Id": "jan", "Release_Date__c": "2024-01-15"},
+        {"Id": "may", "Release_Date__c": "2024-05-01"},
+        {"Id": "dec", "Release_Date__c": "2099-12-31"},
+        {"Id": "blank"},
+    ]
+    world = World(dialect, fields, rows)
+    try:
+        got = {k: norm(v["Release_Qtr__c"]) for k, v in world.rows().items()}
+    finally:
+        world.drop()
+    assert world.problems == []
+    assert got == {"jan": "FY24-Q4", "may": "FY25-Q2", "dec": "FY100-Q4", "blank": "FY-"}
