@@ -37,8 +37,6 @@ from nexuscrm.controlplane import (
     repair,
     verify,
 )
-from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
@@ -121,8 +119,7 @@ class ControlPlaneActivities:
             plan = packs_apply.load_plan(
                 self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
             )
-            if t.object_meta.name in table_names(self.engine):
-                packs_apply.validate_plan(catalog.CACHE.get(self.engine), plan)
+            packs_apply.validate_against(self.engine, plan)
             return packs_apply.summarize(plan)
 
     @activity.defn(name="controlplane.apply_metadata")

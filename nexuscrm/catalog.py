@@ -57,10 +57,10 @@ def field_id(object_api_name: str, field_api_name: str) -> str:
 
 
 def table_type_for(spec: ObjectSpec) -> str:
-    """``event`` for platform events, ``custom`` for ``__c``, else ``standard``."""
+    """``event`` for platform events, ``custom`` for ``__c`` / ``__mdt``, else ``standard``."""
     if spec.kind == "event":
         return "event"
-    return "custom" if spec.api_name.endswith("__c") else "standard"
+    return "custom" if spec.api_name.endswith(("__c", "__mdt")) else "standard"
 
 
 def standard_columns() -> list[Column[Any]]:

@@ -233,9 +233,9 @@ def test_import_sfdx_summarizes_and_writes_equivalent_yaml(tmp_path: Path) -> No
         for line in result.output.splitlines()
         if (cells := [c.strip() for c in line.split("│")[1:-1]])
     }
-    for obj in original.objects:  # object, kind, fields, formulas
+    for obj in original.objects:  # object, kind, fields, customized, records, formulas
         formulas = sum(1 for f in obj.fields if f.formula)
-        assert rows[obj.api_name] == ["table", str(len(obj.fields)), str(formulas)], rows
+        assert rows[obj.api_name] == ["table", str(len(obj.fields)), "0", "0", str(formulas)], rows
     assert f"wrote {out}" in result.output
     written = load_pack_source(out)
     assert written.name == original.name == "dreamhouse-lwc"
@@ -274,7 +274,7 @@ def test_import_sfdx_warns_of_each_formula_left_out(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("depends_on", "message"),
     [
-        (["platform-core", "gizmo-app"], "pack gizmo-app depends on itself"),
+        (["platform-core", "gizmo-app"], "dependency cycle: gizmo-app -> gizmo-app"),
         (["platform-core", "no-such-pack"], "depends on no-such-pack, which is not among"),
     ],
 )

@@ -711,9 +711,9 @@ def test_plan_validation_catches_conflicts_before_any_pack_is_applied(engine: En
     gamma = app_pack("gamma-app", obj="Widget__c")
     delta = app_pack("delta-app", obj="Widget__c")
     cat = catalog.CACHE.get(engine)
-    with pytest.raises(PackError, match=r"beta-app.*Gizmo__c.*alpha-app"):
+    with pytest.raises(PackError, match=r"(?s)beta-app.*Gizmo__c.*alpha-app"):
         packs_apply.validate_plan(cat, [beta])
-    with pytest.raises(PackError, match=r"delta-app.*Widget__c.*gamma-app"):
+    with pytest.raises(PackError, match=r"(?s)delta-app.*Widget__c.*gamma-app"):
         packs_apply.validate_plan(cat, [gamma, delta])
     with engine.connect() as conn:
         assert pack_row(conn, "beta-app") is None  # nothing recorded: the plan is read-only
@@ -731,7 +731,7 @@ def test_stored_field_type_change_is_refused_and_verify_sees_column_drift(engine
             {"api_name": "Color__c", "type": "Number"},
         ],
     )
-    with pytest.raises(PackError, match=r"Color__c changes type from Text to Number"):
+    with pytest.raises(PackError, match=r"Color__c: changes type from Text to Number"):
         packs_apply.apply_pack(engine, changed)
     # Same family is fine: Text(40) -> TextArea.
     widened = app_pack(

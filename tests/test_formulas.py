@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from nexuscrm.db.sqlfuncs import install_sqlite_functions
 from nexuscrm.errors import NexusError
 from nexuscrm.formulas import (
     CreateView,
@@ -72,9 +73,13 @@ _ENGINES: dict[str, sa.Engine] = {}
 def engine_for(dialect: str) -> sa.Engine:
     if dialect not in _ENGINES:
         # One in-memory SQLite connection per thread, so the tables persist.
-        _ENGINES[dialect] = (
-            sa.create_engine("sqlite://") if dialect == "sqlite" else _mysql_engine()
-        )
+        if dialect == "sqlite":
+            engine = sa.create_engine("sqlite://")
+            # The nx_* functions make_engine registers (Unicode UPPER/LOWER ...).
+            sa.event.listen(engine, "connect", lambda conn, _rec: install_sqlite_functions(conn))
+        else:
+            engine = _mysql_engine()
+        _ENGINES[dialect] = engine
     return _ENGINES[dialect]
 
 
@@ -380,7 +385,7 @@ CASES: list[tuple[str, FieldType, str, dict[str, Any], Any, Any]] = [
     ("Bool_Inline__c", CHK, "NOT(Not_Fn__c)", {}, 1, 0),
     ("Mixed_Case__c", TXT, "iF(isBlank(cost__C), 'none', 'some')", {"ftb": BAB}, "none", "some"),
     ("Ispickval__c", CHK, 'ISPICKVAL(Status__c, "Open")', {}, 1, 0),
-    ("Std_Column__c", TXT, 'Id & "-" & Status__c', {}, "1-Open", "2-Closed"),
+    ("Std_Column__c", TXT, 'Id & "-" & TEXT(Status__c)', {}, "1-Open", "2-Closed"),
     ("Null_Literal__c", N, "IF(Active__c, NULL, 1)", {}, None, 1),
     ("Comment__c", N, "/* a comment */ 1 + /* another */ 1", {}, 2, 2),
 ]

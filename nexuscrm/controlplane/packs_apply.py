@@ -21,6 +21,14 @@ from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.contracts import PlannedPackInfo
 from nexuscrm.controlplane import lease
+from nexuscrm.controlplane.packs_plan import (
+    TYPE_FAMILIES,
+    PlanState,
+    plan_problems,
+    resolve_object,
+    validate_plan,
+)
+from nexuscrm.controlplane.packs_records import merge_customizations, sync_records
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
     after_ddl,
@@ -33,20 +41,26 @@ from nexuscrm.db.dialect import (
     upsert,
 )
 from nexuscrm.db.dialect import table_names as physical_tables
-from nexuscrm.errors import LeaseLostError, NexusError, PackError
+from nexuscrm.errors import (
+    LeaseLostError,
+    NexusError,
+    PackError,
+    PackProblems,
+    Problem,
+    problem_from,
+)
 from nexuscrm.log import log
 from nexuscrm.packs.builtin import platform_packs
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import (
-    NUMERIC_TYPES,
-    TEXT_TYPES,
     Category,
     FieldSpec,
-    FieldType,
     ObjectSpec,
     PackManifest,
 )
+
+__all__ = ["TYPE_FAMILIES", "plan_problems", "validate_pack", "validate_plan"]
 from nexuscrm.packs.ordering import order_packs
 
 # Packs an operator installs (as opposed to the platform packs shipped with the
@@ -105,15 +119,49 @@ def load_plan(
     pack sources + active app packs already installed (from their stored
     payload; an explicitly given source of the same name wins).
 
-    Raises ``ManifestError`` / ``PackError`` naming the file or pack at fault
-    (unknown field type, broken manifest, dependency cycle, missing
-    dependency, duplicate names).
+    Raises ``PackProblems`` with every problem of every given source (each
+    naming the file and element: unknown field type, broken manifest ...),
+    or ``PackError`` for ordering (dependency cycle, missing dependency,
+    duplicate names).
     """
     packs = list(platform_packs(include_dev_sample))
-    explicit = [load_pack_source(s) for s in app_sources]
+    explicit: list[PackManifest] = []
+    problems: list[Problem] = []
+    for source in app_sources:
+        try:
+            explicit.append(load_pack_source(source))
+        except PackProblems as exc:
+            problems.extend(exc.problems)
+            if isinstance(exc.partial, PackManifest):
+                explicit.append(exc.partial)
+        except PackError as exc:
+            problems.append(problem_from(exc))
     names = {p.name for p in explicit}
     stored = [p for p in stored_app_packs(engine) if p.name not in names] if engine else []
-    return order_packs(packs + explicit + stored)
+    if not problems:
+        return order_packs(packs + explicit + stored)
+    # Report the plan's problems of what did load too: every problem at once.
+    try:
+        plan = order_packs(packs + explicit + stored)
+        problems.extend(plan_problems(_catalog_of(engine), plan))
+    except PackError as exc:
+        problems.append(problem_from(exc))
+    raise PackProblems(", ".join(app_sources), problems)
+
+
+def _catalog_of(engine: Engine | None) -> catalog.Catalog:
+    if engine is not None and t.object_meta.name in physical_tables(engine):
+        return catalog.CACHE.get(engine)
+    return catalog.Catalog(version=0)
+
+
+def validate_against(engine: Engine, packs: Sequence[PackManifest]) -> None:
+    """:func:`validate_plan` against the database's catalog (an empty one when the
+    database has no metadata yet): what plan-packs and ``import-sfdx`` run.
+
+    Raises ``PackProblems`` with every problem of the plan, grouped by file.
+    """
+    validate_plan(_catalog_of(engine), packs)
 
 
 def summarize(packs: Sequence[PackManifest]) -> list[PlannedPackInfo]:
@@ -130,121 +178,34 @@ def summarize(packs: Sequence[PackManifest]) -> list[PlannedPackInfo]:
     ]
 
 
-# Field types whose stored columns are interchangeable; a change across
-# families would need a data migration, so apply refuses it (fails closed).
-TYPE_FAMILIES: dict[FieldType, str] = {
-    **{t_: "text" for t_ in TEXT_TYPES},
-    **{t_: "number" for t_ in NUMERIC_TYPES},
-    FieldType.Checkbox: "checkbox",
-    FieldType.Date: "date",
-    FieldType.DateTime: "datetime",
-    FieldType.Time: "time",
-    FieldType.Lookup: "reference",
-    FieldType.MasterDetail: "reference",
-    FieldType.Location: "location",
-    FieldType.Summary: "summary",
-}
-
-
-@dataclass
-class _PlanState:
-    """What the catalog would hold after the packs checked so far."""
-
-    objects: dict[str, str]  # object lower -> owning pack ('' discovered)
-    fields: dict[tuple[str, str], str]  # (object, field) lower -> owning pack
-    stored: dict[tuple[str, str], FieldSpec]  # stored fields of the live catalog
-
-    @classmethod
-    def of(cls, cat: catalog.Catalog) -> _PlanState:
-        stored = {
-            (o.api_name.lower(), f.api_name.lower()): f
-            for o in cat.objects.values()
-            for f in o.fields
-            if f.is_stored
-        }
-        objects = {k: o.pack_name for k, o in cat.objects.items()}
-        return cls(objects, dict(cat.field_owners), stored)
-
-
-def _check(pack: PackManifest, state: _PlanState) -> None:
-    own = {o.api_name.lower() for o in pack.objects if not o.extends}
-    known = set(state.objects) | own
-    for o in pack.objects:
-        key = o.api_name.lower()
-        if o.extends:
-            if key not in known:
-                raise PackError(
-                    pack.name,
-                    f"object {o.api_name} extends a standard object that no installed pack defines",
-                )
-        elif state.objects.get(key, "") not in ("", pack.name):
-            raise PackError(
-                pack.name, f"object {o.api_name} is already owned by pack {state.objects[key]}"
-            )
-        for f in o.fields:
-            fkey = (key, f.api_name.lower())
-            if f.reference_to and f.reference_to.lower() not in known:
-                raise PackError(
-                    pack.name,
-                    f"field {o.api_name}.{f.api_name} references unknown object {f.reference_to}",
-                )
-            owner = state.fields.get(fkey)
-            if owner not in (None, "", pack.name):
-                raise PackError(
-                    pack.name, f"field {o.api_name}.{f.api_name} is already owned by pack {owner}"
-                )
-            old = state.stored.get(fkey)
-            if old is not None and f.is_stored and TYPE_FAMILIES[old.type] != TYPE_FAMILIES[f.type]:
-                raise PackError(
-                    pack.name,
-                    f"field {o.api_name}.{f.api_name} changes type from {old.type} to {f.type}; "
-                    "a stored column cannot change type family in place (migrate the data "
-                    "to a new field instead)",
-                )
-
-
-def _record(pack: PackManifest, state: _PlanState) -> None:
-    for o in pack.objects:
-        if not o.extends:
-            state.objects[o.api_name.lower()] = pack.name
-        for f in o.fields:
-            state.fields[(o.api_name.lower(), f.api_name.lower())] = pack.name
-
-
 def validate_pack(cat: catalog.Catalog, pack: PackManifest) -> None:
-    """Check a pack against the catalog before anything of it is written.
+    """Check one pack against the catalog before anything of it is written.
 
-    Raises ``PackError`` for: an extension of an object nobody defines; an
-    object or field owned by another pack; a lookup to an unknown object; a
-    stored field whose type changes family (Text -> Number).
+    Raises ``PackProblems`` with every problem (see :mod:`packs_plan`): an
+    extension of an object nobody defines; an object or field owned by another
+    pack; a lookup to an unknown object; a stored field whose type changes
+    family (Text -> Number); a typeless standard field nobody defines.
     """
-    _check(pack, _PlanState.of(cat))
+    validate_plan(cat, [pack])
 
 
-def validate_plan(cat: catalog.Catalog, packs: Sequence[PackManifest]) -> None:
-    """``validate_pack`` for a whole ordered plan, before any pack is applied.
-
-    Each pack is checked against the catalog as the earlier packs of the plan
-    would leave it, so an ownership conflict or a dangling lookup fails
-    plan-packs (read-only) instead of half-way through apply-packs.
-    """
-    state = _PlanState.of(cat)
-    for pack in packs:
-        _check(pack, state)
-        _record(pack, state)
-
-
-def _merged_spec(cat: catalog.Catalog, o: ObjectSpec) -> ObjectSpec:
-    """The object's full field list: what the catalog has plus what this pack adds."""
+def _merged_spec(
+    cat: catalog.Catalog, o: ObjectSpec, own: bool = False, extra: Sequence[FieldSpec] = ()
+) -> ObjectSpec:
+    """The object's full field list: what the catalog has plus what this pack adds
+    (``o.fields`` and ``extra``); ``own`` when the pack owns the object."""
     existing = cat.get(o.api_name)
     fields: dict[str, FieldSpec] = {}
     if existing is not None:
         for f in existing.spec().fields:
             fields[f.api_name.lower()] = f
-    for f in o.fields:
+    for f in (*o.fields, *extra):
         fields[f.api_name.lower()] = f
-    base = existing.spec() if (existing is not None and o.extends) else o
-    return base.model_copy(update={"fields": tuple(fields.values()), "extends": False})
+    base = existing.spec() if (existing is not None and o.extends and not own) else o
+    return base.model_copy(
+        update={"fields": tuple(fields.values()), "extends": False, "customizations": (),
+                "records": ()}
+    )  # fmt: skip
 
 
 def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
@@ -395,14 +356,17 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
             lease.require(conn, epoch)
             if not _pack_row_current(conn, pack, digest):
                 _set_pack_row(conn, pack, "installing", digest, None)
+    state = PlanState.of(cat)
+    resolved = [(o, resolve_object(pack, o, state)) for o in pack.objects]
     try:
         created = added = 0
         with engine.connect() as conn:
             lease.require(conn, epoch)
-        for o in pack.objects:
+        for o, res in resolved:
             if o.kind == "event":
                 continue
-            c, a = converge_table(engine, _merged_spec(cat, o))
+            extra = res.fields[len(o.fields) :]
+            c, a = converge_table(engine, _merged_spec(cat, o, res.own, extra))
             created += c
             added += a
         if created or added:
@@ -410,16 +374,22 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
         with engine.begin() as conn:
             lease.require(conn, epoch)
             written = 0
-            for o in pack.objects:
-                if not o.extends:
+            for o, res in resolved:
+                if res.own:
+                    row_spec = o.model_copy(update={"extends": False})
                     written += catalog.sync_rows(
-                        conn, t.object_meta, [catalog.object_row(o, pack.name)]
+                        conn, t.object_meta, [catalog.object_row(row_spec, pack.name)]
                     )
                 written += catalog.sync_rows(
                     conn,
                     t.field_meta,
-                    [catalog.field_row(o.api_name, f, pack.name) for f in o.fields],
+                    [catalog.field_row(o.api_name, f, pack.name) for f in res.fields],
                 )
+                written += merge_customizations(conn, o.api_name, res.merges)
+                if o.records:
+                    written += sync_records(
+                        conn, _merged_spec(cat, o, res.own, res.fields), o.records
+                    )
             if not _pack_row_current(conn, pack, digest):
                 _set_pack_row(conn, pack, "active", digest, None)
                 written += 1

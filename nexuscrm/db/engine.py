@@ -9,6 +9,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from .sqlfuncs import install_sqlite_functions
+
 SQLITE_BUSY_TIMEOUT_MS = 30000
 """SQLite: how long a statement waits for another connection's lock (ms)."""
 
@@ -51,6 +53,7 @@ def make_engine(
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             cur.close()
+            install_sqlite_functions(dbapi_conn)
 
         return engine
     if backend == "mysql":

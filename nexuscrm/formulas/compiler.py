@@ -26,6 +26,7 @@ inlines referenced formulas into the caller's compiled formula.
 
 from __future__ import annotations
 
+import difflib
 from decimal import Decimal
 from typing import Any
 
@@ -38,7 +39,8 @@ from nexuscrm.packs.model import (
 )
 
 from .dialects import DialectOps, Expr, int_lit, num_lit, ops_for, str_lit
-from .functions import FUNCTIONS, SUPPORTED_FUNCTIONS, arity
+from .fnbase import arity
+from .functions import FUNCTIONS, PICKLIST_FUNCTIONS, SUPPORTED_FUNCTIONS
 from .syntax import (
     BinOp,
     Bool,
@@ -165,7 +167,8 @@ class FormulaCompiler:
         if value.kind == Kind.NULL:
             out = sa.null()
         elif want == Kind.TEXT:
-            out = ops.blank_to_null(value.sql)
+            # Salesforce trims a text result; what is left empty is blank.
+            out = ops.blank_to_null(ops.trim_blanks(value.sql))
         elif want == Kind.NUMBER:
             out = value.sql
             if f.type == FieldType.Percent:
@@ -200,7 +203,7 @@ class FormulaCompiler:
         if isinstance(node, Num):
             return Value(Kind.NUMBER, num_lit(node.text), const=Decimal(node.text))
         if isinstance(node, Str):
-            return Value(Kind.TEXT, str_lit(node.value), nonnull=True)
+            return Value(Kind.TEXT, str_lit(node.value), nonnull=True, const_text=node.value)
         if isinstance(node, Bool):
             return Value(Kind.BOOLEAN, sa.true() if node.value else sa.false())
         if isinstance(node, Null):
@@ -232,24 +235,35 @@ class FormulaCompiler:
             return self._column_value(self.location_columns[key], Kind.NUMBER, blank_as_zero)
         target = self.fields.get(key)
         if target is None:
-            raise Reject(f"unknown field {name!r} on {self.obj.api_name}")
+            raise Reject(f"unknown field {name!r} on {self.obj.api_name}" + self._suggest(name))
         if target.is_formula:
             return self._inline(target, blank_as_zero)
         if target.type == FieldType.Location:
-            raise Reject(
-                f"location field {target.api_name} can only be used through its "
-                "__Latitude__s / __Longitude__s columns"
-            )
+            lat_name, lon_name = target.column_names()
+            lat = self._column_value(lat_name, Kind.NUMBER, False)
+            lon = self._column_value(lon_name, Kind.NUMBER, False)
+            return Value(Kind.LOCATION, lat.sql, lon=lon.sql)
         if target.type == FieldType.Summary:
             raise Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
         kind = kind_of_field_type(target.type)
         if kind is None:  # pragma: no cover - every stored type maps to a kind
             raise Reject(f"field {target.api_name} of type {target.type} cannot be used")
         value = self._column_value(target.api_name, kind, blank_as_zero)
+        if target.type in (FieldType.Picklist, FieldType.MultiselectPicklist):
+            multi = target.type == FieldType.MultiselectPicklist
+            return Value(kind, value.sql, picklist=target.api_name, multiselect=multi)
         if target.type == FieldType.Percent:
             # Salesforce formulas see percents as fractions: 10 (%) reads as 0.1.
             value = Value(Kind.NUMBER, self.ops.number(value.sql) * num_lit("0.01"))
         return value
+
+    def _suggest(self, name: str) -> str:
+        """'; did you mean X?' with the nearest known field name (difflib), or ''."""
+        names = [f.api_name for f in self.obj.fields]
+        names += list(self.standard.values()) + list(self.location_columns.values())
+        by_lower = {n.lower(): n for n in names}
+        close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+        return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
 
     def _column_value(self, col_name: str, kind: Kind, blank_as_zero: bool) -> Value:
         col = self.table.c.get(col_name)
@@ -288,10 +302,15 @@ class FormulaCompiler:
 
     # -- operators ---------------------------------------------------------
     def unary(self, node: UnOp, scope: FieldSpec) -> Value:
-        """Unary minus / plus on a number."""
+        """Unary minus / plus on a number, ``!`` (NOT) on a boolean."""
         if node.op == "&":
             raise Reject("syntax error: '&' needs a left operand")
         operand = self.expr(node.operand, scope)
+        if node.op == "!":
+            if operand.kind not in (Kind.BOOLEAN, Kind.NULL):
+                raise Reject(f"operator '!' needs a boolean, got {operand.kind}")
+            return Value(Kind.BOOLEAN, sa.not_(operand.sql), operand.err)
+        self._no_picklist(operand)
         if operand.kind == Kind.NULL:
             return Value(Kind.NUMBER, sa.null())
         if operand.kind != Kind.NUMBER:
@@ -306,6 +325,8 @@ class FormulaCompiler:
         left = self.expr(node.left, scope)
         right = self.expr(node.right, scope)
         op = node.op
+        self._no_picklist(left)
+        self._no_picklist(right)
         if op in ("&&", "||"):
             for side in (left, right):
                 if side.kind not in (Kind.BOOLEAN, Kind.NULL):
@@ -319,6 +340,20 @@ class FormulaCompiler:
         if op == "+" and Kind.TEXT in (left.kind, right.kind):
             return self.concat(op, left, right)
         return self.arithmetic(op, left, right)
+
+    @staticmethod
+    def _no_picklist(value: Value) -> None:
+        """Refuse a raw picklist where Salesforce refuses it (operators, most functions),
+        and a location anywhere but DISTANCE()."""
+        if value.kind == Kind.LOCATION:
+            raise Reject(
+                "a location (GEOLOCATION() or a Location field) can only be used in DISTANCE()"
+            )
+        if value.picklist is not None:
+            raise Reject(
+                f"Field {value.picklist} is a picklist field. Picklist fields are only "
+                "supported in certain functions."
+            )
 
     def concat(self, op: str, left: Value, right: Value) -> Value:
         """Text concatenation; blank text is ''."""
@@ -338,6 +373,8 @@ class FormulaCompiler:
         err = errs_of(left, right)
         mismatch = Reject(f"operator {op!r} cannot combine {lk} and {rk}")
         temporal = (Kind.DATE, Kind.DATETIME)
+        if op in ("+", "-") and Kind.TIME in (lk, rk):
+            return self._time_arithmetic(op, left, right)
         if op in ("+", "-") and (lk in temporal or rk in temporal):
             if op == "+" and rk in temporal and lk in (Kind.NUMBER, Kind.NULL):
                 left, right = right, left  # number + date == date + number
@@ -373,6 +410,23 @@ class FormulaCompiler:
             value, undefined = ops.power(a, b)
             return Value(Kind.NUMBER, ops.number(value), or_errs(err, undefined))
         raise Reject(f"unknown operator {op!r}")  # pragma: no cover - grammar limits ops
+
+    def _time_arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        """Time +/- a number of milliseconds (wrapping around midnight), and
+        Time - Time in milliseconds (Salesforce's Time arithmetic)."""
+        lk, rk = left.kind, right.kind
+        err = errs_of(left, right)
+        if op == "+" and rk == Kind.TIME and lk in (Kind.NUMBER, Kind.NULL):
+            left, right, lk, rk = right, left, rk, lk
+        if lk == Kind.TIME and rk in (Kind.NUMBER, Kind.NULL):
+            delta = self.ops.number(right.sql)
+            if op == "-":
+                delta = -delta
+            return Value(Kind.TIME, self.ops.time_add_ms(left.sql, delta), err)
+        if op == "-" and lk == Kind.TIME and rk in (Kind.TIME, Kind.NULL):
+            diff = self.ops.time_ms(left.sql) - self.ops.time_ms(right.sql)
+            return Value(Kind.NUMBER, self.ops.number(diff), err)
+        raise Reject(f"operator {op!r} cannot combine {lk} and {rk}")
 
     def compare(self, op: str, left: Value, right: Value) -> Value:
         """Comparison of two values of the same type (NULL fits any)."""
@@ -438,11 +492,21 @@ class FormulaCompiler:
         """A function call: checks the name and argument count, then dispatches."""
         spec = FUNCTIONS.get(node.name)
         if spec is None:
-            raise Reject(f"unknown function {node.name}()")
+            close = difflib.get_close_matches(node.name, list(FUNCTIONS), n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}()?" if close else ""
+            raise Reject(f"unknown function {node.name}(){hint}")
         n = len(node.args)
         if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
             raise Reject(f"{node.name}() takes {arity(spec)}, got {n}")
         args = [self.expr(a, scope) for a in node.args]
+        if node.name == "DISTANCE":
+            pass  # checks its own arguments
+        elif node.name not in PICKLIST_FUNCTIONS:
+            for a in args:
+                self._no_picklist(a)
+        elif node.name == "CASE":
+            for a in args[1:]:
+                self._no_picklist(a)
         try:
             return spec.impl(self, args, scope)
         except ArgType as exc:

@@ -48,6 +48,18 @@ class _IntervalSecond(FunctionElement[Any]):
     inherit_cache = True
 
 
+class _IntervalMonth(FunctionElement[Any]):
+    """``INTERVAL <expr> MONTH``."""
+
+    name = "interval_month"
+    inherit_cache = True
+
+
+@compiles(_IntervalMonth)
+def _compile_interval_month(element: _IntervalMonth, compiler: Any, **kw: Any) -> str:
+    return f"INTERVAL {compiler.process(element.clauses, **kw)} MONTH"
+
+
 @compiles(_IntervalDay)
 def _compile_interval_day(element: _IntervalDay, compiler: Any, **kw: Any) -> str:
     return f"INTERVAL {compiler.process(element.clauses, **kw)} DAY"
@@ -138,8 +150,15 @@ class DialectOps:
         """True when the text is NULL or has no characters (never NULL itself)."""
         return sa.func.coalesce(self.length(x), int_lit(0)) == int_lit(0)
 
+    def trim_blanks(self, x: Expr) -> Expr:
+        """Text without leading/trailing spaces, tabs, CRs and LFs (Salesforce TRIM
+        and the trimming of every Text result)."""
+        raise NotImplementedError
+
     def number_to_text(self, x: Expr) -> Expr:
-        """TEXT(number): no trailing zeros, no exponent for ordinary magnitudes."""
+        """TEXT(number): plain decimal notation (never an exponent), at most 15
+        significant digits (what a double holds exactly, so both dialects agree),
+        no trailing zeros."""
         raise NotImplementedError
 
     def date_to_text(self, x: Expr) -> Expr:
@@ -208,6 +227,14 @@ class DialectOps:
         """datetime + days (fraction allowed, rounded to whole seconds)."""
         raise NotImplementedError
 
+    def time_ms(self, t: Expr) -> Expr:
+        """Milliseconds since midnight of a time."""
+        raise NotImplementedError
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        """A time plus a number of milliseconds (fraction dropped), modulo 24 hours."""
+        raise NotImplementedError
+
     def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
         """A date/datetime/time operand normalised for comparison (kind: date|datetime|time)."""
         return x
@@ -224,14 +251,20 @@ class SqliteOps(DialectOps):
     def length(self, x: Expr) -> Expr:
         return sa.func.length(x)
 
+    def trim_blanks(self, x: Expr) -> Expr:
+        return sa.func.trim(x, sa.func.char(int_lit(32), int_lit(9), int_lit(10), int_lit(13)))
+
     def number_to_text(self, x: Expr) -> Expr:
-        # Whole numbers print without ".0"; others with 15 significant digits,
-        # which is what a double holds exactly.
+        # Whole numbers print without ".0"; others with 15 significant digits
+        # in fixed notation (%.*f with the decimals those digits need).
         as_int = sa.cast(x, sa.Integer())
+        magnitude = sa.cast(sa.func.floor(sa.func.log10(sa.func.abs(x))), sa.Integer())
+        decimals = sa.func.max(int_lit(0), int_lit(14) - magnitude)
+        fixed = sa.func.printf(str_lit("%.*f"), decimals, x)
         return sa.case(
             (x.is_(None), sa.null()),  # printf() would print NULL as 0
             (x == as_int, sa.cast(as_int, sa.Text())),
-            else_=sa.func.printf(str_lit("%.15g"), x),
+            else_=sa.func.rtrim(sa.func.rtrim(fixed, str_lit("0")), str_lit(".")),
         )
 
     def date_to_text(self, x: Expr) -> Expr:
@@ -311,6 +344,27 @@ class SqliteOps(DialectOps):
         modifier = sa.type_coerce(secs, sa.String()).concat(str_lit(" seconds"))
         return sa.func.datetime(d, modifier)
 
+    def time_ms(self, t: Expr) -> Expr:
+        def part(fmt: str) -> Expr:
+            return sa.cast(sa.func.strftime(str_lit(fmt), t), sa.Integer())
+
+        frac = sa.cast(
+            sa.func.round(sa.func.strftime(str_lit("%f"), t) * int_lit(1000)), sa.Integer()
+        )
+        return part("%H") * int_lit(3600000) + part("%M") * int_lit(60000) + frac
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        day = int_lit(86400000)
+        total = (self.time_ms(t) + sa.cast(ms, sa.Integer())) % day
+        total = (total + day) % day
+        return sa.func.printf(
+            str_lit("%02d:%02d:%02d.%03d"),
+            total // int_lit(3600000),
+            (total // int_lit(60000)) % int_lit(60),
+            (total // int_lit(1000)) % int_lit(60),
+            total % int_lit(1000),
+        )
+
     def temporal_cmp_operand(self, x: Expr, kind: str) -> Expr:
         # julianday() makes '2024-01-01 00:00:00' and '2024-01-01T00:00:00.000'
         # compare equal; text comparison would not.
@@ -334,6 +388,9 @@ class MysqlOps(DialectOps):
     def length(self, x: Expr) -> Expr:
         return sa.func.char_length(x)
 
+    def trim_blanks(self, x: Expr) -> Expr:
+        return sa.func.regexp_replace(x, str_lit("^[ \t\r\n]+|[ \t\r\n]+$"), str_lit(""))
+
     def text_cmp_operand(self, x: Expr) -> Expr:
         # BINARY: Salesforce text comparison is case-sensitive and counts trailing
         # spaces; MySQL's default collations are neither.
@@ -345,7 +402,12 @@ class MysqlOps(DialectOps):
         return sa.func.nullif(x, sa.cast(str_lit(""), sa.LargeBinary()))
 
     def number_to_text(self, x: Expr) -> Expr:
-        s = sa.cast(x, sa.CHAR())
+        # Rounded to 15 significant digits as DECIMAL (a DOUBLE would print
+        # with an exponent), then trailing zeros dropped.
+        magnitude = sa.func.floor(sa.func.log10(sa.func.abs(x)))
+        decimals = sa.func.least(int_lit(30), sa.func.greatest(int_lit(0), int_lit(14) - magnitude))
+        rounded = sa.func.round(sa.cast(x, sa.Numeric(65, 30)), decimals)
+        s = sa.cast(sa.case((x == int_lit(0), int_lit(0)), else_=rounded), sa.CHAR())
         return sa.case(
             (sa.func.locate(str_lit("."), s) > int_lit(0), _TrimTrailingDot(_TrimTrailingZeros(s))),
             else_=s,
@@ -404,6 +466,24 @@ class MysqlOps(DialectOps):
 
     def datetime_add(self, d: Expr, days: Expr) -> Expr:
         return sa.func.date_add(d, _IntervalSecond(sa.func.round(days * int_lit(86400))))
+
+    def time_ms(self, t: Expr) -> Expr:
+        return (
+            sa.func.hour(t) * int_lit(3600000)
+            + sa.func.minute(t) * int_lit(60000)
+            + sa.func.second(t) * int_lit(1000)
+            + sa.func.floor(sa.func.microsecond(t) / int_lit(1000))
+        )
+
+    def time_add_ms(self, t: Expr, ms: Expr) -> Expr:
+        day = int_lit(86400000)
+        total = sa.func.mod(
+            sa.func.mod(self.time_ms(t) + sa.func.truncate(ms, int_lit(0)), day) + day, day
+        )
+        return sa.cast(
+            sa.func.sec_to_time(sa.cast(total, sa.Numeric(20, 0)) / int_lit(1000)),
+            mysql_dialect.TIME(fsp=3),
+        )
 
 
 def ops_for(dialect: str) -> DialectOps:

@@ -8,7 +8,6 @@ counts are checked by the compiler from :data:`FUNCTIONS` before the call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -16,6 +15,10 @@ import sqlalchemy as sa
 from nexuscrm.packs.model import FieldSpec
 
 from .dialects import Expr, html_escape, int_lit, str_lit
+from .fn_datetime import DATETIME_FUNCTIONS
+from .fn_math import MATH_FUNCTIONS
+from .fn_text import TEXT_FUNCTIONS
+from .fnbase import Function
 from .values import (
     ArgType,
     Kind,
@@ -28,25 +31,6 @@ from .values import (
 
 if TYPE_CHECKING:
     from .compiler import FormulaCompiler
-
-FuncImpl = Callable[["FormulaCompiler", list[Value], FieldSpec], Value]
-
-
-@dataclass
-class Function:
-    impl: FuncImpl
-    min_args: int
-    max_args: int | None  # None: unbounded
-
-
-def arity(spec: Function) -> str:
-    lo, hi = spec.min_args, spec.max_args
-    if hi is None:
-        return f"at least {lo} argument{'s' if lo != 1 else ''}"
-    if lo == hi:
-        return f"{lo} argument{'s' if lo != 1 else ''}"
-    return f"{lo} to {hi} arguments"
-
 
 # -- function implementations ---------------------------------------------
 
@@ -208,18 +192,6 @@ def _fn_len(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     return Value(Kind.NUMBER, c.ops.number(length), x.err)
 
 
-def _fn_upper(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.TEXT)
-    return Value(Kind.TEXT, sa.func.upper(x.sql), x.err)
-
-
-def _fn_lower(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
-    (x,) = args
-    c.need(x, 1, Kind.TEXT)
-    return Value(Kind.TEXT, sa.func.lower(x.sql), x.err)
-
-
 def _fn_ispickval(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     field_value, literal = args
     c.need(field_value, 1, Kind.TEXT)
@@ -285,11 +257,15 @@ FUNCTIONS: dict[str, Function] = {
     "ROUND": Function(_fn_round, 2, 2),
     "ABS": Function(_fn_abs, 1, 1),
     "LEN": Function(_fn_len, 1, 1),
-    "UPPER": Function(_fn_upper, 1, 1),
-    "LOWER": Function(_fn_lower, 1, 1),
     "ISPICKVAL": Function(_fn_ispickval, 2, 2),
     "IMAGE": Function(_fn_image, 2, 4),
     "HYPERLINK": Function(_fn_hyperlink, 2, 3),
 }
+FUNCTIONS.update(DATETIME_FUNCTIONS)
+FUNCTIONS.update(MATH_FUNCTIONS)
+FUNCTIONS.update(TEXT_FUNCTIONS)
+
+#: Functions that accept a raw picklist field (Salesforce refuses it elsewhere).
+PICKLIST_FUNCTIONS = frozenset({"ISPICKVAL", "CASE", "TEXT", "ISBLANK", "ISNULL", "INCLUDES"})
 
 SUPPORTED_FUNCTIONS: tuple[str, ...] = tuple(sorted(FUNCTIONS))

@@ -9,7 +9,7 @@ Precedence, lowest to highest (every binary level is left-associative):
 4     ``+ - &``
 5     ``* /``
 6     ``^``  (left to right: ``2 ^ 3 ^ 2`` is 64)
-7     unary ``-`` and ``+``  (``-2 ^ 2`` is 4)
+7     unary ``-``, ``+`` and ``!`` (NOT)  (``-2 ^ 2`` is 4)
 ====  =========================================
 
 Salesforce's help only says formulas use "standard operator precedence"; this
@@ -51,6 +51,7 @@ GRAMMAR = r"""
 
 ?unary: atom
       | ADD_OP unary                      -> unop
+      | NOT_OP unary                      -> unop
 
 ?atom: NUMBER                             -> number
      | STRING                             -> string
@@ -58,6 +59,7 @@ GRAMMAR = r"""
      | NAME ("." NAME)*                   -> ref
      | "(" expr ")"
 
+NOT_OP: "!"
 OR_OP: "||"
 AND_OP: "&&"
 CMP_OP: /==|!=|<>|<=|>=|=|<|>/
@@ -204,14 +206,27 @@ class _ToAst(Transformer[Token, Node]):
 def parse(text: str) -> Node:
     """Parse formula source into an AST.
 
-    Raises ``FormulaSyntaxError`` with the line and column of the first problem.
+    Raises ``FormulaSyntaxError`` with the line and column of the first problem,
+    followed by the line of the formula and a caret under the position.
     """
     try:
         tree: Any = _PARSER.parse(text)
     except UnexpectedInput as exc:
-        raise FormulaSyntaxError(_describe(exc)) from None
+        raise FormulaSyntaxError(_describe(exc) + _caret(text, exc)) from None
     node: Node = _ToAst().transform(tree)
     return node
+
+
+def _caret(text: str, exc: UnexpectedInput) -> str:
+    """The formula line at fault and a caret under the column (end of text at EOF)."""
+    lines = text.split("\n") or [""]
+    line = getattr(exc, "line", -1)
+    column = getattr(exc, "column", -1)
+    token = getattr(exc, "token", None)
+    if isinstance(exc, UnexpectedEOF) or (token is not None and token.type == "$END") or line < 1:
+        line, column = len(lines), len(lines[-1]) + 1
+    shown = lines[line - 1].replace("\t", " ")
+    return "\n  " + shown + "\n  " + " " * (column - 1) + "^"
 
 
 def _describe(exc: UnexpectedInput) -> str:

@@ -37,6 +37,7 @@ class Kind(StrEnum):
     DATE = "date"
     DATETIME = "datetime"
     TIME = "time"
+    LOCATION = "location"  # GEOLOCATION() or a Location field: sql is the latitude
     NULL = "null"  # the NULL literal: fits any type
 
 
@@ -64,7 +65,10 @@ class Value:
     where evaluation fails at run time (None: cannot fail).  ``const`` holds a
     numeric literal's value so ROUND can fold its digits; ``nonnull`` marks
     text that is never NULL (literals, concatenations), which needs no
-    COALESCE when concatenated.
+    COALESCE when concatenated.  ``picklist`` names the picklist field a raw
+    picklist reference reads (Salesforce only lets a few functions take one);
+    ``multiselect`` marks a multi-select picklist (INCLUDES' first argument).
+    A LOCATION value's ``sql`` is its latitude and ``lon`` its longitude.
     """
 
     kind: Kind
@@ -72,6 +76,10 @@ class Value:
     err: Pred | None = None
     const: Decimal | None = None
     nonnull: bool = False
+    picklist: str | None = None
+    multiselect: bool = False
+    lon: Expr | None = None
+    const_text: str | None = None
 
 
 STANDARD_KINDS: dict[str, Kind] = {

@@ -26,6 +26,15 @@ def canonical_payload(pack: PackManifest) -> str:
     for key in ("inbound_routes", "callout_profiles"):
         if not data[key]:
             del data[key]
+    # Later still: namespaces, customizations, custom metadata records.
+    if data.get("namespace") is None:
+        data.pop("namespace", None)
+    for obj in data.get("objects", ()):
+        for key in ("customizations", "records"):
+            if not obj.get(key):
+                obj.pop(key, None)
+        if obj.get("package_namespace") is None:
+            obj.pop("package_namespace", None)
     for route in data.get("inbound_routes", ()):
         # Likewise a route's companion_pack (cross-pack routes came later still).
         if route.get("companion_pack") is None:

@@ -174,12 +174,62 @@ class FieldSpec(BaseModel):
         return (self.api_name,)
 
 
+class FieldCustomization(BaseModel):
+    """A customization of a field another pack defines (a Salesforce standard field
+    declared in source: ``Contact/fields/Email.field-meta.xml`` without ``<type>``).
+
+    Merged into that field's ``_System_Field`` row at apply (label, description,
+    picklist values added after the existing ones); ``help_text`` and
+    ``track_history`` are kept in the pack payload only. ``type`` /
+    ``reference_to`` are what the file says, if anything: when no pack defines
+    the field and the type is complete, the field becomes the pack's own.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_name: str
+    label: str = ""
+    description: str = ""
+    help_text: str = ""
+    track_history: bool = False
+    picklist_values: tuple[str, ...] = ()
+    spec: FieldSpec | None = None
+
+    @field_validator("api_name")
+    @classmethod
+    def _api_name(cls, v: str) -> str:
+        return validate_identifier(v, "field api_name")
+
+
+class RecordSpec(BaseModel):
+    """One custom metadata record (``customMetadata/<Type>.<Name>.md-meta.xml``).
+
+    Becomes one row of its ``__mdt`` table: ``Id`` derived from the object and
+    ``developer_name``, ``Name`` = ``label``, ``DeveloperName`` / ``MasterLabel``
+    columns, and ``values`` (field API name -> the text written in the file,
+    ``None`` for ``xsi:nil``) converted to each column's type at apply.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    developer_name: str
+    label: str = ""
+    values: dict[str, str | None] = Field(default_factory=dict)
+
+
 class ObjectSpec(BaseModel):
     """One object (a table), or a platform event (``kind='event'``: metadata only).
 
     ``extends`` is True when this spec adds fields to a standard object another
     pack owns (e.g. an app's custom fields on Contact); apply merges the fields
     into that object instead of creating a new one.
+
+    ``package_namespace`` names the Salesforce package of a namespaced object
+    (``hed`` for ``hed__Term__c``) that the project extends or references but
+    does not define: an earlier pack that defines it is extended; when none
+    does, the pack itself provides it (a table it owns, with the fields it
+    declares). ``customizations`` merge into fields other packs define;
+    ``records`` are the rows of a custom metadata type (``__mdt``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -193,6 +243,9 @@ class ObjectSpec(BaseModel):
     name_field_label: str = "Name"
     description: str = ""
     fields: tuple[FieldSpec, ...] = ()
+    customizations: tuple[FieldCustomization, ...] = ()
+    records: tuple[RecordSpec, ...] = ()
+    package_namespace: str | None = None
 
     @field_validator("api_name")
     @classmethod
@@ -298,7 +351,9 @@ class PackManifest(BaseModel):
     """A pack: name, category, version, dependencies, objects.
 
     ``source`` records where it was loaded from (a path or ``builtin:<name>``);
-    it is informational and is left out of the payload hash.
+    it is informational and is left out of the payload hash. ``namespace`` is
+    the Salesforce namespace prefix of the package this pack provides (its
+    namespaced objects ``ns__X__c`` may be extended by packs depending on it).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -308,6 +363,7 @@ class PackManifest(BaseModel):
     version: str = "1.0.0"
     description: str = ""
     depends_on: tuple[str, ...] = ()
+    namespace: str | None = None
     objects: tuple[ObjectSpec, ...] = ()
     inbound_routes: tuple[InboundRoute, ...] = ()
     callout_profiles: tuple[CalloutProfile, ...] = ()

@@ -14,11 +14,16 @@ list views ...) is ignored.
 Mapping rules:
 
 - ``Foo__c`` is a custom object the pack owns; ``Foo__e`` a platform event
-  (``kind="event"``); a name without a ``__`` suffix (``Account``, ``Case``) is
-  a standard object the pack extends (``extends=True``). A custom object folder
-  with fields but no ``.object-meta.xml`` anywhere in the project also becomes
-  ``extends=True`` (the object is owned elsewhere). Other suffixes (``__mdt``,
-  ``__x``, ``__b`` ...) are refused.
+  (``kind="event"``); ``Foo__mdt`` a custom metadata type (a table, its
+  ``customMetadata/Foo.*.md-meta.xml`` records become its ``records``); a name
+  without a ``__`` suffix (``Account``, ``Case``) is a standard object the
+  pack extends (``extends=True``), and its standard fields (no ``__c``)
+  become ``customizations``. A custom object folder with fields but no
+  ``.object-meta.xml`` anywhere in the project also becomes ``extends=True``;
+  a namespaced one (``hed__X__c``) carries ``package_namespace``. Other
+  suffixes (``__x``, ``__b`` ...) are problems.
+- Every problem of the project is collected (``PackProblems``), each naming
+  its file and element.
 - A formula field keeps its ``<type>`` (the return type) and its ``<formula>``.
 - ``default_value`` is the ``<defaultValue>`` formula expression as written
   (``1``, ``TODAY() - 10``, ``"text"``); a picklist without one but with
@@ -38,60 +43,38 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.etree.ElementTree import Element, ParseError
 
-import defusedxml.ElementTree as safe_et
-from defusedxml import DefusedXmlException
 from pydantic import ValidationError
 
-from nexuscrm.errors import ManifestError
+from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
     Category,
+    FieldCustomization,
     FieldSpec,
     FieldType,
     ObjectSpec,
     PackManifest,
-    SummarySpec,
+    RecordSpec,
     validate_identifier,
 )
+from nexuscrm.packs.sfdx_fields import (
+    FIELD_SUFFIX,
+    _field_spec,
+    _parse_xml,
+    _q,
+    _text,
+)
+from nexuscrm.packs.sfdx_records import parse_record, record_files
 
-METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
 SFDX_PROJECT_FILE = "sfdx-project.json"
 OBJECT_SUFFIX = ".object-meta.xml"
-FIELD_SUFFIX = ".field-meta.xml"
 DEFAULT_DEPENDS_ON = ("platform-core",)
 SFDX_DESCRIPTION = "Imported from Salesforce DX source"
 
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__"})
 _NAME_JUNK_RE = re.compile(r"[^a-z0-9._-]+")
 _NAME_DASHES_RE = re.compile(r"-{2,}")
-_SUMMARY_OPERATIONS = ("count", "sum", "min", "max")
-
-# FieldSpec attribute -> the XML element it comes from (for error messages).
-_FIELD_ELEMENTS = {
-    "api_name": "fullName",
-    "label": "label",
-    "type": "type",
-    "description": "description",
-    "length": "length",
-    "precision": "precision",
-    "scale": "scale",
-    "required": "required",
-    "unique": "unique",
-    "external_id": "externalId",
-    "default_value": "defaultValue",
-    "reference_to": "referenceTo",
-    "relationship_name": "relationshipName",
-    "picklist_values": "valueSet",
-    "formula": "formula",
-    "formula_treat_blanks_as": "formulaTreatBlanksAs",
-    "summary": "summaryOperation",
-}
-
-
-def _q(tag: str) -> str:
-    return f"{{{METADATA_NS}}}{tag}"
 
 
 @dataclass
@@ -109,7 +92,7 @@ class _ObjectParts:
 # discovery
 
 
-def _walk_object_folders(base: Path) -> Iterator[Path]:
+def walk_object_folders(base: Path) -> Iterator[Path]:
     """Yield every ``objects/<Object>`` folder under ``base``, sorted, pruned."""
     for dirpath, dirnames, _files in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
@@ -136,7 +119,7 @@ def is_sfdx_source(root: Path) -> bool:
         return False
     if (root / SFDX_PROJECT_FILE).is_file():
         return True
-    return any(_has_metadata(folder) for folder in _walk_object_folders(root))
+    return any(_has_metadata(folder) for folder in walk_object_folders(root))
 
 
 def _read_project(root: Path) -> tuple[str | None, list[Path]]:
@@ -200,62 +183,6 @@ def sanitize_pack_name(raw: str) -> str:
 # XML helpers
 
 
-def _parse_xml(path: Path, root_tag: str) -> Element:
-    try:
-        tree = safe_et.parse(str(path), forbid_dtd=True)
-    except DefusedXmlException as exc:
-        raise ManifestError(
-            str(path), f"refused: DTD / entity declarations are not allowed in metadata ({exc})"
-        ) from exc
-    except ParseError as exc:
-        raise ManifestError(str(path), f"XML does not parse: {exc}") from exc
-    except OSError as exc:
-        raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
-    root: Element = tree.getroot()
-    if root.tag != _q(root_tag):
-        raise ManifestError(
-            str(path), f'root element is <{root.tag}>, expected <{root_tag} xmlns="{METADATA_NS}">'
-        )
-    return root
-
-
-def _text(el: Element, tag: str) -> str | None:
-    child = el.find(_q(tag))
-    if child is None:
-        return None
-    return (child.text or "").strip()
-
-
-def _required_text(el: Element, tag: str, path: Path) -> str:
-    value = _text(el, tag)
-    if not value:
-        raise ManifestError(str(path), f"<{tag}> is missing or empty")
-    return value
-
-
-def _bool(el: Element, tag: str, path: Path) -> bool:
-    value = _text(el, tag)
-    if value is None or value == "":
-        return False
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ManifestError(str(path), f"<{tag}>: {value!r} is not true or false")
-
-
-def _int(el: Element, tag: str, path: Path) -> int | None:
-    value = _text(el, tag)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ManifestError(str(path), f"<{tag}>: {value!r} is not an integer") from None
-
-
-# ---------------------------------------------------------------------------
-# objects and fields
-
-
 def _object_meta(path: Path, api_name: str) -> dict[str, Any]:
     root = _parse_xml(path, "CustomObject")
     if root.find(_q("fields")) is not None:
@@ -288,183 +215,166 @@ def _object_meta(path: Path, api_name: str) -> dict[str, Any]:
     return meta
 
 
-def _picklist_values(root: Element, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Return (values, default values) of a picklist field, in declared order."""
-    values: list[str] = []
-    defaults: list[str] = []
-
-    def take(entries: list[Element], where: str) -> None:
-        for i, v in enumerate(entries):
-            name = _text(v, "fullName")
-            if not name:
-                raise ManifestError(str(path), f"{where}[{i}]: <fullName> missing")
-            values.append(name)
-            if _bool(v, "default", path):
-                defaults.append(name)
-
-    value_set = root.find(_q("valueSet"))
-    if value_set is not None:
-        if value_set.find(_q("valueSetName")) is not None:
-            return (), ()  # global value set: values live in another file
-        definition = value_set.find(_q("valueSetDefinition"))
-        if definition is not None:
-            take(definition.findall(_q("value")), "<valueSet><valueSetDefinition><value>")
-    legacy = root.find(_q("picklist"))
-    if legacy is not None:  # pre-API-38 shape
-        take(legacy.findall(_q("picklistValues")), "<picklist><picklistValues>")
-    return tuple(values), tuple(defaults)
+_UNSUPPORTED_SUFFIXES = {
+    "__b": "big objects (__b) are not supported",
+    "__x": "external objects (__x) are not supported",
+    "__Share": "sharing objects (__Share) are not supported",
+    "__History": "history objects (__History) are not supported",
+    "__Feed": "feed objects (__Feed) are not supported",
+    "__ChangeEvent": "change event objects (__ChangeEvent) are not supported",
+}
+_NAMESPACED_RE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)__[A-Za-z0-9_]+__c$")
 
 
-def formula_text_literal(value: str) -> str:
-    """Quote ``value`` as a formula text literal: ``Draft`` -> ``"Draft"``."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _summary(root: Element, path: Path) -> SummarySpec | None:
-    op = _text(root, "summaryOperation")
-    if not op:
-        return None
-    if op.lower() not in _SUMMARY_OPERATIONS:
-        raise ManifestError(
-            str(path), f"<summaryOperation>: {op!r} is not one of {', '.join(_SUMMARY_OPERATIONS)}"
-        )
-    return SummarySpec.model_validate(
-        {
-            "operation": op.lower(),
-            "summarized_field": _text(root, "summarizedField") or None,
-            "foreign_key_field": _text(root, "summaryForeignKey") or None,
-        }
-    )
-
-
-def _field_spec(path: Path) -> FieldSpec:
-    root = _parse_xml(path, "CustomField")
-    full_name = _required_text(root, "fullName", path)
-    expected = path.name[: -len(FIELD_SUFFIX)]
-    if full_name != expected:
-        raise ManifestError(
-            str(path), f"<fullName> {full_name!r} does not match the file name {expected!r}"
-        )
-    try:
-        validate_identifier(full_name, "field api_name")
-    except ValueError as exc:
-        raise ManifestError(str(path), f"<fullName>: {exc}") from None
-    type_name = _required_text(root, "type", path)
-    if type_name not in FieldType.__members__:
-        raise ManifestError(
-            str(path),
-            f"<type>: {type_name!r} is not a supported field type "
-            f"(supported: {', '.join(t.value for t in FieldType)})",
-        )
-    blanks = _text(root, "formulaTreatBlanksAs")
-    if blanks and blanks not in ("BlankAsZero", "BlankAsBlank"):
-        raise ManifestError(
-            str(path), f"<formulaTreatBlanksAs>: {blanks!r} is not BlankAsZero or BlankAsBlank"
-        )
-    picklist_values, picklist_defaults = _picklist_values(root, path)
-    default_value = _text(root, "defaultValue") or None
-    if default_value is None and picklist_defaults:
-        default_value = formula_text_literal(";".join(picklist_defaults))
-    data: dict[str, Any] = {
-        "api_name": full_name,
-        "label": _text(root, "label") or "",
-        "type": type_name,
-        "description": _text(root, "description") or "",
-        "length": _int(root, "length", path),
-        "precision": _int(root, "precision", path),
-        "scale": _int(root, "scale", path),
-        "required": _bool(root, "required", path),
-        "unique": _bool(root, "unique", path),
-        "external_id": _bool(root, "externalId", path),
-        "default_value": default_value,
-        "reference_to": _text(root, "referenceTo") or None,
-        "relationship_name": _text(root, "relationshipName") or None,
-        "picklist_values": picklist_values,
-        "formula": _text(root, "formula"),
-        "summary": _summary(root, path),
-    }
-    if blanks:
-        data["formula_treat_blanks_as"] = blanks
-    try:
-        return FieldSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ManifestError(str(path), _field_error_text(exc)) from exc
-
-
-def _field_error_text(exc: ValidationError) -> str:
-    parts: list[str] = []
-    for e in exc.errors(include_url=False):
-        loc = e.get("loc", ())
-        head = loc[0] if loc else None
-        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        if head is None:  # a whole-field rule; the message names the field
-            parts.append(msg)
-        else:
-            parts.append(f"<{_FIELD_ELEMENTS.get(str(head), head)}>: {msg}")
-    return "; ".join(parts)
+def namespace_of(api_name: str) -> str | None:
+    """The package namespace of ``ns__Object__c`` (``hed``), else None."""
+    m = _NAMESPACED_RE.fullmatch(api_name)
+    return m.group(1) if m else None
 
 
 def _object_kind(api_name: str, folder: Path) -> tuple[str, bool]:
     """Return (kind, is_custom) for an object API name, or raise for unsupported suffixes."""
-    if api_name.endswith("__c"):
+    if api_name.endswith(("__c", "__mdt")):
         return "table", True
     if api_name.endswith("__e"):
         return "event", True
     if "__" in api_name:
         suffix = api_name[api_name.rindex("__") :]
-        raise ManifestError(
-            str(folder),
-            f"object {api_name}: {suffix} objects are not supported "
-            "(only custom objects __c, platform events __e and standard objects)",
+        reason = _UNSUPPORTED_SUFFIXES.get(
+            suffix,
+            f"{suffix} objects are not supported (only custom objects __c, custom "
+            "metadata types __mdt, platform events __e and standard objects)",
         )
+        raise ManifestError(str(folder), f"object {api_name}: {reason}")
     return "table", False
 
 
-def _collect(package_dirs: list[Path]) -> dict[str, _ObjectParts]:
-    objects: dict[str, _ObjectParts] = {}
-    for base in package_dirs:
-        for folder in _walk_object_folders(base):
-            if not _has_metadata(folder):
-                continue
-            api_name = folder.name
+FieldItem = FieldSpec | FieldCustomization
+
+
+@dataclass
+class _Collected:
+    objects: dict[str, _ObjectParts] = field(default_factory=dict)
+    customizations: dict[str, dict[str, tuple[Path, FieldCustomization]]] = field(
+        default_factory=dict
+    )
+    records: dict[str, list[tuple[Path, RecordSpec]]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def fail(self, exc: ManifestError) -> None:
+        self.problems.append(problem_from(exc))
+
+
+def _collect_folder(folder: Path, out: _Collected) -> None:
+    api_name = folder.name
+    try:
+        validate_identifier(api_name, "object api_name")
+        _kind, is_custom = _object_kind(api_name, folder)
+    except ValueError as exc:
+        out.problems.append(Problem(str(folder), "", str(exc)))
+        return
+    except ManifestError as exc:
+        out.fail(exc)
+        return
+    parts = out.objects.setdefault(api_name, _ObjectParts(api_name))
+    parts.folders.append(folder)
+    meta_file = folder / f"{api_name}{OBJECT_SUFFIX}"
+    if meta_file.is_file():
+        if parts.meta_path is not None:
+            out.problems.append(
+                Problem(
+                    str(meta_file), "", f"object {api_name} is also defined in {parts.meta_path}"
+                )
+            )
+        else:
+            parts.meta_path = meta_file
             try:
-                validate_identifier(api_name, "object api_name")
-            except ValueError as exc:
-                raise ManifestError(str(folder), str(exc)) from None
-            _object_kind(api_name, folder)
-            parts = objects.setdefault(api_name, _ObjectParts(api_name))
-            parts.folders.append(folder)
-            meta_file = folder / f"{api_name}{OBJECT_SUFFIX}"
-            if meta_file.is_file():
-                if parts.meta_path is not None:
-                    raise ManifestError(
-                        str(meta_file), f"object {api_name} is also defined in {parts.meta_path}"
-                    )
-                parts.meta_path = meta_file
                 parts.meta = _object_meta(meta_file, api_name)
-            fields_dir = folder / "fields"
-            if not fields_dir.is_dir():
-                continue
-            for field_file in sorted(fields_dir.iterdir()):
-                if not field_file.name.endswith(FIELD_SUFFIX) or not field_file.is_file():
-                    continue
-                spec = _field_spec(field_file)
-                prior = parts.fields.get(spec.api_name)
-                if prior is not None:
-                    raise ManifestError(
-                        str(field_file),
-                        f"field {api_name}.{spec.api_name} is also defined in {prior[0]}",
-                    )
-                parts.fields[spec.api_name] = (field_file, spec)
-    return objects
+            except ManifestError as exc:
+                out.fail(exc)
+    fields_dir = folder / "fields"
+    if not fields_dir.is_dir():
+        return
+    custom = out.customizations.setdefault(api_name, {})
+    for field_file in sorted(fields_dir.iterdir()):
+        if not field_file.name.endswith(FIELD_SUFFIX) or not field_file.is_file():
+            continue
+        try:
+            item = _field_spec(field_file, standard_object=not is_custom)
+        except ManifestError as exc:
+            out.fail(exc)
+            continue
+        prior_path = (parts.fields.get(item.api_name) or custom.get(item.api_name) or (None,))[0]
+        if prior_path is not None:
+            out.problems.append(
+                Problem(
+                    str(field_file),
+                    "",
+                    f"field {api_name}.{item.api_name} is also defined in {prior_path}",
+                )
+            )
+        elif isinstance(item, FieldCustomization):
+            custom[item.api_name] = (field_file, item)
+        else:
+            parts.fields[item.api_name] = (field_file, item)
 
 
-def _object_spec(parts: _ObjectParts) -> ObjectSpec:
+def _collect(package_dirs: list[Path]) -> _Collected:
+    out = _Collected()
+    for base in package_dirs:
+        for folder in walk_object_folders(base):
+            if _has_metadata(folder):
+                _collect_folder(folder, out)
+        for record_file in record_files(base):
+            parsed = parse_record(record_file)
+            if isinstance(parsed, Problem):
+                out.problems.append(parsed)
+            else:
+                out.records.setdefault(parsed[0], []).append((record_file, parsed[1]))
+    return out
+
+
+# Standard fields every custom metadata type has besides Name (= its label).
+_MDT_FIELDS = (
+    FieldSpec(api_name="DeveloperName", label="Custom Metadata Record Name", type=FieldType.Text,
+              length=40),
+    FieldSpec(api_name="MasterLabel", label="Label", type=FieldType.Text, length=40),
+)  # fmt: skip
+
+
+def _records_of(
+    parts: _ObjectParts, found: list[tuple[Path, RecordSpec]], out: _Collected
+) -> tuple[RecordSpec, ...]:
+    declared = {k.lower() for k in parts.fields}
+    good: list[RecordSpec] = []
+    for path, rec in found:
+        unknown = sorted(f for f in rec.values if f.lower() not in declared)
+        if unknown:
+            out.problems.append(
+                Problem(
+                    str(path), "<values><field>",
+                    f"{', '.join(unknown)} not declared on {parts.api_name}",
+                )
+            )  # fmt: skip
+            continue
+        good.append(rec)
+    return tuple(sorted(good, key=lambda r: r.developer_name))
+
+
+def _object_spec(parts: _ObjectParts, out: _Collected) -> ObjectSpec | None:
     kind, is_custom = _object_kind(parts.api_name, parts.folders[0])
     extends = not is_custom or parts.meta_path is None
-    fields = tuple(
-        spec for _path, spec in sorted(parts.fields.values(), key=lambda x: x[1].api_name)
-    )
+    fields = [spec for _path, spec in sorted(parts.fields.values(), key=lambda x: x[1].api_name)]
+    records: tuple[RecordSpec, ...] = ()
+    if parts.api_name.endswith("__mdt"):
+        have = {f.api_name.lower() for f in fields}
+        fields = [f for f in _MDT_FIELDS if f.api_name.lower() not in have] + fields
+        records = _records_of(parts, out.records.pop(parts.api_name, []), out)
+    customizations = tuple(
+        c for _p, c in sorted(out.customizations.get(parts.api_name, {}).values(),
+                              key=lambda x: x[1].api_name)
+    )  # fmt: skip
+    namespace = namespace_of(parts.api_name) if parts.meta_path is None else None
     try:
         return ObjectSpec.model_validate(
             {
@@ -472,12 +382,53 @@ def _object_spec(parts: _ObjectParts) -> ObjectSpec:
                 "kind": kind,
                 "extends": extends,
                 **parts.meta,
-                "fields": fields,
+                "fields": tuple(fields),
+                "customizations": customizations,
+                "records": records,
+                "package_namespace": namespace,
             }
         )
     except ValidationError as exc:
         where = parts.meta_path or parts.folders[0]
-        raise ManifestError(str(where), format_validation_error(exc)) from exc
+        out.problems.append(Problem(str(where), "", format_validation_error(exc)))
+        return None
+
+
+def _referenced_namespaced(specs: list[ObjectSpec]) -> list[ObjectSpec]:
+    """Stub specs (``extends``, no fields) for namespaced objects the project's
+    lookups point at but does not hold (``hed__Term__c``)."""
+    have = {o.api_name.lower() for o in specs}
+    out: dict[str, ObjectSpec] = {}
+    for o in specs:
+        for f in o.fields:
+            target = f.reference_to
+            ns = namespace_of(target) if target else None
+            if target and ns and target.lower() not in have and target.lower() not in out:
+                out[target.lower()] = ObjectSpec(
+                    api_name=target, extends=True, package_namespace=ns
+                )
+    return list(out.values())
+
+
+def _read_plugin(root: Path) -> tuple[str | None, tuple[str, ...]]:
+    """(namespace, extra depends_on) from ``sfdx-project.json``: the standard
+    ``namespace`` key and ``plugins.nexusctl.dependsOn`` (a list of pack names)."""
+    project_file = root / SFDX_PROJECT_FILE
+    if not project_file.is_file():
+        return None, ()
+    data = json.loads(project_file.read_text(encoding="utf-8"))
+    namespace = data.get("namespace") or None
+    if namespace is not None and not isinstance(namespace, str):
+        raise ManifestError(str(project_file), "namespace: must be a string")
+    plugin = (data.get("plugins") or {}).get("nexusctl") or {}
+    deps = plugin.get("dependsOn") if isinstance(plugin, dict) else None
+    if deps is None:
+        return namespace, ()
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise ManifestError(
+            str(project_file), "plugins.nexusctl.dependsOn: must be a list of names"
+        )
+    return namespace, tuple(deps)
 
 
 def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") -> PackManifest:
@@ -485,45 +436,73 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
 
     ``name`` defaults to ``name`` in ``sfdx-project.json``, else the folder
     name, lower-cased and sanitized to the pack-name pattern. The pack depends
-    on ``platform-core``; objects and fields are sorted by API name, so the
-    result (and its payload hash) does not depend on directory order. ``source``
-    is the resolved folder path.
+    on ``platform-core`` plus ``plugins.nexusctl.dependsOn`` of
+    ``sfdx-project.json``; its ``namespace`` is that file's ``namespace``.
+    Objects and fields are sorted by API name, so the result (and its payload
+    hash) does not depend on directory order. ``source`` is the resolved
+    folder path. Custom metadata records (``customMetadata/``) become the
+    ``records`` of their ``__mdt`` object; namespaced objects the project's
+    lookups point at but does not hold get a stub (``package_namespace``).
 
     Raises:
-        ManifestError: naming the file (and XML element) at fault, for: a
-            folder that is not a directory; an unreadable / invalid
+        PackProblems: every problem of the project at once, each naming the
+            file (and XML element): an unreadable / invalid
             ``sfdx-project.json``; XML that does not parse or declares a DTD or
             entities; a wrong root element; a missing ``<fullName>`` or
-            ``<type>``; a ``<fullName>`` that differs from the file name; a
-            ``<type>`` outside :class:`FieldType`; an invalid API name or
-            number; an object or field defined twice; no objects found; or an
-            unusable pack name.
+            ``<type>`` (of a custom field); a ``<fullName>`` that differs from
+            the file name; an unsupported ``<type>`` or object suffix (``__b``,
+            ``__x`` ...); an invalid API name or number; an object or field
+            defined twice; a record of an undefined ``__mdt`` or naming an
+            undeclared field; no objects found; or an unusable pack name.
     """
     root = Path(root)
+    where = str(root)
     if not root.is_dir():
-        raise ManifestError(str(root), "Salesforce DX source must be a directory")
-    project_name, package_dirs = _read_project(root)
-    objects = _collect(package_dirs)
-    if not objects:
-        raise ManifestError(
-            str(root),
-            "no objects/<Object>/<Object>.object-meta.xml or fields/*.field-meta.xml found",
-        )
+        raise PackProblems(where, [Problem(where, "", "Salesforce DX source must be a directory")])
+    try:
+        project_name, package_dirs = _read_project(root)
+        namespace, extra_deps = _read_plugin(root)
+    except ManifestError as exc:
+        raise PackProblems(where, [problem_from(exc)]) from exc
+    found = _collect(package_dirs)
+    specs = [
+        spec
+        for key in sorted(found.objects)
+        if (spec := _object_spec(found.objects[key], found)) is not None
+    ]
+    for type_name, records in sorted(found.records.items()):
+        for path, _rec in records:
+            found.problems.append(
+                Problem(str(path), "", f"custom metadata type {type_name} is not defined in the "
+                        f"project (no objects/{type_name}/)")
+            )  # fmt: skip
+    specs = sorted(specs + _referenced_namespaced(specs), key=lambda o: o.api_name)
+    if not specs and not found.problems:
+        found.problems.append(
+            Problem(where, "", "no objects/<Object>/<Object>.object-meta.xml or "
+                    "fields/*.field-meta.xml found")
+        )  # fmt: skip
     if name is None:
         raw = project_name or root.resolve().name
         name = sanitize_pack_name(raw)
         if not name:
-            raise ManifestError(str(root), f"cannot derive a pack name from {raw!r}; pass name=")
-    specs = tuple(_object_spec(objects[key]) for key in sorted(objects))
+            found.problems.append(
+                Problem(where, "", f"cannot derive a pack name from {raw!r}; pass name=")
+            )
     try:
-        return PackManifest(
-            name=name,
+        pack = PackManifest(
+            name=name or "",
             category=Category.AppPack,
             version=version,
             description=SFDX_DESCRIPTION,
-            depends_on=DEFAULT_DEPENDS_ON,
-            objects=specs,
+            depends_on=tuple(dict.fromkeys(DEFAULT_DEPENDS_ON + extra_deps)),
+            namespace=namespace,
+            objects=tuple(specs),
             source=str(root.resolve()),
         )
     except ValidationError as exc:
-        raise ManifestError(str(root), format_validation_error(exc)) from exc
+        found.problems.append(Problem(where, "", format_validation_error(exc)))
+        raise PackProblems(where, found.problems) from exc
+    if found.problems:
+        raise PackProblems(where, found.problems, partial=pack)
+    return pack

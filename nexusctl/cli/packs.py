@@ -5,23 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
+from sqlalchemy import Engine
 
+from nexuscrm import catalog
 from nexuscrm.catalog import object_table
 from nexuscrm.connectors.incarnations import FAILURE_PACK_REMOVED, fail_removed_items
-from nexuscrm.controlplane.packs_apply import remove_pack
-from nexuscrm.errors import NexusError
+from nexuscrm.controlplane.packs_apply import load_plan, remove_pack
+from nexuscrm.controlplane.packs_plan import PlanState, plan_problems, record_pack, resolve_object
+from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import table_names
+from nexuscrm.errors import NexusError, PackProblems, Problem, format_problems
 from nexuscrm.formulas import build_view_select, view_name
-from nexuscrm.packs.builtin import platform_packs
-from nexuscrm.packs.loader import load_pack_source
-from nexuscrm.packs.model import ObjectSpec, PackManifest
-from nexuscrm.packs.ordering import order_packs
-from nexusctl.cli.common import load_settings
-from nexusctl.cli.render import console, fail, require_engine, warn
+from nexuscrm.packs.model import Category, ObjectSpec, PackManifest
+from nexusctl.cli.common import existing_engine, load_settings
+from nexusctl.cli.render import console, err_console, fail, require_engine, warn
 from nexusctl.temporal import connect, signal_fleet
 
 packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
@@ -63,30 +66,43 @@ def import_sfdx(
 ) -> None:
     """Import a Salesforce DX project as an app pack: validate, summarize, optionally write YAML.
 
-    Also compiles every formula (each one that would be left out of its view
-    is a warning) and checks the pack's dependencies against the shipped
-    platform packs (a missing one, or a pack depending on itself, is an error).
+    Runs the validation ApplyAll's plan-packs runs (the same functions:
+    ``load_plan`` + ``validate_against``) against the platform packs and the
+    packs installed on the configured database (none when it does not exist
+    yet), lists what would be installed, then every problem at once, grouped
+    by file, and exits 1 when there is any. Formulas its views would leave out
+    are warnings.
     """
-    load_settings()
+    settings = load_settings()
+    engine = existing_engine(settings)
+    include_dev_sample = not settings.is_production
     try:
-        pack = load_pack_source(path)
+        plan = load_plan(engine, [str(path)], include_dev_sample)
+    except PackProblems as exc:
+        _print_problems(exc.problems)
     except NexusError as exc:
-        fail(str(exc))
-    try:
-        platform = platform_packs(True)
-    except NexusError as exc:
-        fail(f"cannot load the platform packs: {exc}")
-    table = Table(title=f"{pack.name} {pack.version} ({pack.category.value}) from {path}")
-    for col in ("object", "kind", "fields", "formulas"):
-        table.add_column(col)
-    for o in pack.objects:
-        kind = "event" if o.kind == "event" else ("extends" if o.extends else "table")
-        formulas = sum(1 for f in o.fields if f.formula)
-        table.add_row(o.api_name, kind, str(len(o.fields)), str(formulas))
-    console.print(table)
+        fail(f"{exc} (checked against the platform and installed packs)")
+    target = path.resolve()
+    found = [
+        p for p in plan if p.source and "://" not in p.source and Path(p.source).resolve() == target
+    ]
+    if not found:
+        fail(f"{path}: not found in the plan")
+    pack = found[0]
+    cat = catalog.CACHE.get(engine) if engine is not None and _has_catalog(engine) else None
+    cat = cat or catalog.Catalog(version=0)
+    state = PlanState.of(cat)
+    for earlier in plan:
+        if earlier.name == pack.name:
+            break
+        record_pack(earlier, state)
+    _print_summary(pack, path, state)
+    platform = [p for p in plan if p.category.rank < Category.AppPack.rank]
     for problem in _formula_problems(pack, platform):
         warn(problem)
-    _check_dependencies(pack, platform)
+    problems = plan_problems(cat, plan)
+    if problems:
+        _print_problems(problems)
     if out is not None:
         text = yaml.safe_dump(pack.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
         try:
@@ -94,6 +110,49 @@ def import_sfdx(
         except OSError as exc:
             fail(f"--out {out}: cannot write the pack: {exc.strerror or exc}")
         console.print(f"wrote {out}")
+
+
+def _has_catalog(engine: Engine) -> bool:
+    return t.object_meta.name in table_names(engine)
+
+
+def _print_summary(pack: PackManifest, path: Path, state: PlanState) -> None:
+    """One row per object: what apply will make of it, fields, merges, records."""
+    table = Table(title=f"{pack.name} {pack.version} ({pack.category.value}) from {path}")
+    for col in ("object", "kind", "fields", "customized", "records", "formulas"):
+        table.add_column(col)
+    fields = merges = 0
+    for o in pack.objects:
+        res = resolve_object(pack, o, state)
+        if o.kind == "event":
+            kind = "event"
+        elif o.package_namespace and res.own:
+            kind = f"stand-in (package {o.package_namespace})"
+        elif o.extends and not res.own:
+            kind = "extends" + (f" (package {o.package_namespace})" if o.package_namespace else "")
+        elif o.api_name.endswith("__mdt"):
+            kind = "custom metadata"
+        else:
+            kind = "table"
+        fields += len(res.fields)
+        merges += len(res.merges)
+        formulas = sum(1 for f in o.fields if f.formula)
+        table.add_row(
+            o.api_name, kind, str(len(res.fields)), str(len(res.merges)), str(len(o.records)),
+            str(formulas),
+        )  # fmt: skip
+    console.print(table)
+    console.print(f"{len(pack.objects)} objects, {fields} fields, {merges} customized fields")
+
+
+def _print_problems(problems: list[Problem]) -> NoReturn:
+    """Every problem grouped by file on stderr, then exit 1."""
+    files = len({p.file for p in problems})
+    err_console.print(
+        f"[red]error:[/red] {len(problems)} problem(s) in {files} file(s)", soft_wrap=True
+    )
+    err_console.print(escape(format_problems(problems)), soft_wrap=True, highlight=False)
+    raise typer.Exit(1)
 
 
 def _formula_problems(pack: PackManifest, platform: list[PackManifest]) -> list[str]:
@@ -122,13 +181,3 @@ def _formula_problems(pack: PackManifest, platform: list[PackManifest]) -> list[
                     f"(left out of view {view_name(p.object_api_name)})"
                 )
     return problems
-
-
-def _check_dependencies(pack: PackManifest, platform: list[PackManifest]) -> None:
-    """Fail unless ``pack`` orders after the shipped platform packs (as plan-packs will)."""
-    if pack.name in pack.depends_on:
-        fail(f"pack {pack.name} depends on itself (depends_on: {', '.join(pack.depends_on)})")
-    try:
-        order_packs([*platform, pack])
-    except NexusError as exc:
-        fail(f"{exc} (checked against the shipped platform packs)")

@@ -1,0 +1,287 @@
+"""Salesforce DX field files (``fields/<Field>.field-meta.xml``) and the XML helpers
+the DX loader shares (split out of :mod:`nexuscrm.packs.sfdx`).
+
+XML is parsed with ``defusedxml`` and any DTD is refused. A field file becomes a
+:class:`FieldSpec`, or a :class:`FieldCustomization` for a standard field of a
+standard object; every error is a ``ManifestError`` naming the file and element.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from xml.etree.ElementTree import Element, ParseError
+
+import defusedxml.ElementTree as safe_et
+from defusedxml import DefusedXmlException
+from pydantic import ValidationError
+
+from nexuscrm.errors import ManifestError
+from nexuscrm.packs.model import (
+    FieldCustomization,
+    FieldSpec,
+    FieldType,
+    SummarySpec,
+    validate_identifier,
+)
+
+METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
+FIELD_SUFFIX = ".field-meta.xml"
+
+_SUMMARY_OPERATIONS = ("count", "sum", "min", "max")
+
+# FieldSpec attribute -> the XML element it comes from (for error messages).
+_FIELD_ELEMENTS = {
+    "api_name": "fullName",
+    "label": "label",
+    "type": "type",
+    "description": "description",
+    "length": "length",
+    "precision": "precision",
+    "scale": "scale",
+    "required": "required",
+    "unique": "unique",
+    "external_id": "externalId",
+    "default_value": "defaultValue",
+    "reference_to": "referenceTo",
+    "relationship_name": "relationshipName",
+    "picklist_values": "valueSet",
+    "formula": "formula",
+    "formula_treat_blanks_as": "formulaTreatBlanksAs",
+    "summary": "summaryOperation",
+}
+
+
+def _q(tag: str) -> str:
+    return f"{{{METADATA_NS}}}{tag}"
+
+
+def _parse_xml(path: Path, root_tag: str) -> Element:
+    try:
+        tree = safe_et.parse(str(path), forbid_dtd=True)
+    except DefusedXmlException as exc:
+        raise ManifestError(
+            str(path), f"refused: DTD / entity declarations are not allowed in metadata ({exc})"
+        ) from exc
+    except ParseError as exc:
+        raise ManifestError(str(path), f"XML does not parse: {exc}") from exc
+    except OSError as exc:
+        raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    root: Element = tree.getroot()
+    if root.tag != _q(root_tag):
+        raise ManifestError(
+            str(path), f'root element is <{root.tag}>, expected <{root_tag} xmlns="{METADATA_NS}">'
+        )
+    return root
+
+
+def _text(el: Element, tag: str) -> str | None:
+    child = el.find(_q(tag))
+    if child is None:
+        return None
+    return (child.text or "").strip()
+
+
+def _required_text(el: Element, tag: str, path: Path) -> str:
+    value = _text(el, tag)
+    if not value:
+        raise ManifestError(str(path), f"<{tag}> is missing or empty")
+    return value
+
+
+def _bool(el: Element, tag: str, path: Path) -> bool:
+    value = _text(el, tag)
+    if value is None or value == "":
+        return False
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ManifestError(str(path), f"<{tag}>: {value!r} is not true or false")
+
+
+def _int(el: Element, tag: str, path: Path) -> int | None:
+    value = _text(el, tag)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ManifestError(str(path), f"<{tag}>: {value!r} is not an integer") from None
+
+
+# ---------------------------------------------------------------------------
+# objects and fields
+
+
+def _picklist_values(root: Element, path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Return (values, default values) of a picklist field, in declared order."""
+    values: list[str] = []
+    defaults: list[str] = []
+
+    def take(entries: list[Element], where: str) -> None:
+        for i, v in enumerate(entries):
+            name = _text(v, "fullName")
+            if not name:
+                raise ManifestError(str(path), f"{where}[{i}]: <fullName> missing")
+            values.append(name)
+            if _bool(v, "default", path):
+                defaults.append(name)
+
+    value_set = root.find(_q("valueSet"))
+    if value_set is not None:
+        if value_set.find(_q("valueSetName")) is not None:
+            return (), ()  # global value set: values live in another file
+        definition = value_set.find(_q("valueSetDefinition"))
+        if definition is not None:
+            take(definition.findall(_q("value")), "<valueSet><valueSetDefinition><value>")
+    legacy = root.find(_q("picklist"))
+    if legacy is not None:  # pre-API-38 shape
+        take(legacy.findall(_q("picklistValues")), "<picklist><picklistValues>")
+    return tuple(values), tuple(defaults)
+
+
+def formula_text_literal(value: str) -> str:
+    """Quote ``value`` as a formula text literal: ``Draft`` -> ``"Draft"``."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _summary(root: Element, path: Path) -> SummarySpec | None:
+    op = _text(root, "summaryOperation")
+    if not op:
+        return None
+    if op.lower() not in _SUMMARY_OPERATIONS:
+        raise ManifestError(
+            str(path), f"<summaryOperation>: {op!r} is not one of {', '.join(_SUMMARY_OPERATIONS)}"
+        )
+    return SummarySpec.model_validate(
+        {
+            "operation": op.lower(),
+            "summarized_field": _text(root, "summarizedField") or None,
+            "foreign_key_field": _text(root, "summaryForeignKey") or None,
+        }
+    )
+
+
+# Salesforce field types stored as another type (see the README table).
+_TYPE_ALIASES = {"EncryptedText": FieldType.Text}
+# MetadataRelationship targets: stored as the referenced API name, as text.
+_METADATA_RELATIONSHIP = "MetadataRelationship"
+
+
+def is_standard_field(api_name: str) -> bool:
+    """True for a Salesforce standard field name (no ``__`` suffix: ``AccountId``)."""
+    return "__" not in api_name
+
+
+def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldCustomization:
+    """Parse one field file.
+
+    A standard field (no ``__c``) of a standard object is a
+    :class:`FieldCustomization` (its ``<type>`` may be absent and a lookup's
+    target implied); every other field is a :class:`FieldSpec`.
+    ``MetadataRelationship`` becomes Text (255) holding the referenced API name,
+    ``EncryptedText`` Text (stored as plain text).
+
+    Raises ``ManifestError`` naming the file and element.
+    """
+    root = _parse_xml(path, "CustomField")
+    full_name = _required_text(root, "fullName", path)
+    expected = path.name[: -len(FIELD_SUFFIX)]
+    if full_name != expected:
+        raise ManifestError(
+            str(path), f"<fullName> {full_name!r} does not match the file name {expected!r}"
+        )
+    try:
+        validate_identifier(full_name, "field api_name")
+    except ValueError as exc:
+        raise ManifestError(str(path), f"<fullName>: {exc}") from None
+    customization = standard_object and is_standard_field(full_name)
+    type_name = _text(root, "type") or ""
+    if not type_name and not customization:
+        raise ManifestError(str(path), "<type> is missing or empty")
+    reference_to = _text(root, "referenceTo") or None
+    relationship_name = _text(root, "relationshipName") or None
+    description = _text(root, "description") or ""
+    length = _int(root, "length", path)
+    if type_name == _METADATA_RELATIONSHIP:
+        note = f"MetadataRelationship to {reference_to or '?'}, stored as the API name"
+        description = f"{description} ({note})" if description else note
+        type_name, length, reference_to, relationship_name = "Text", 255, None, None
+    elif type_name in _TYPE_ALIASES:
+        type_name = _TYPE_ALIASES[type_name].value
+        length = length or 175
+    if type_name and type_name not in FieldType.__members__:
+        raise ManifestError(
+            str(path),
+            f"<type>: {type_name!r} is not a supported field type "
+            f"(supported: {', '.join(t.value for t in FieldType)}, EncryptedText, "
+            "MetadataRelationship)",
+        )
+    blanks = _text(root, "formulaTreatBlanksAs")
+    if blanks and blanks not in ("BlankAsZero", "BlankAsBlank"):
+        raise ManifestError(
+            str(path), f"<formulaTreatBlanksAs>: {blanks!r} is not BlankAsZero or BlankAsBlank"
+        )
+    picklist_values, picklist_defaults = _picklist_values(root, path)
+    default_value = _text(root, "defaultValue") or None
+    if default_value is None and picklist_defaults:
+        default_value = formula_text_literal(";".join(picklist_defaults))
+    data: dict[str, Any] = {
+        "api_name": full_name,
+        "label": _text(root, "label") or "",
+        "type": type_name,
+        "description": description,
+        "length": length,
+        "precision": _int(root, "precision", path),
+        "scale": _int(root, "scale", path),
+        "required": _bool(root, "required", path),
+        "unique": _bool(root, "unique", path),
+        "external_id": _bool(root, "externalId", path),
+        "default_value": default_value,
+        "reference_to": reference_to,
+        "relationship_name": relationship_name,
+        "picklist_values": picklist_values,
+        "formula": _text(root, "formula"),
+        "summary": _summary(root, path),
+    }
+    if blanks:
+        data["formula_treat_blanks_as"] = blanks
+    if customization:
+        return _customization(path, root, data)
+    try:
+        return FieldSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(str(path), _field_error_text(exc)) from exc
+
+
+def _customization(path: Path, root: Element, data: dict[str, Any]) -> FieldCustomization:
+    spec: FieldSpec | None = None
+    complete = bool(data["type"]) and (
+        data["type"] not in ("Lookup", "MasterDetail") or data["reference_to"]
+    )
+    if complete:
+        try:
+            spec = FieldSpec.model_validate(data)
+        except ValidationError as exc:
+            raise ManifestError(str(path), _field_error_text(exc)) from exc
+    return FieldCustomization(
+        api_name=data["api_name"],
+        label=data["label"],
+        description=data["description"],
+        help_text=_text(root, "inlineHelpText") or "",
+        track_history=_bool(root, "trackHistory", path),
+        picklist_values=data["picklist_values"],
+        spec=spec,
+    )
+
+
+def _field_error_text(exc: ValidationError) -> str:
+    parts: list[str] = []
+    for e in exc.errors(include_url=False):
+        loc = e.get("loc", ())
+        head = loc[0] if loc else None
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if head is None:  # a whole-field rule; the message names the field
+            parts.append(msg)
+        else:
+            parts.append(f"<{_FIELD_ELEMENTS.get(str(head), head)}>: {msg}")
+    return "; ".join(parts)

@@ -1,0 +1,86 @@
+"""Custom metadata records of a Salesforce DX project (``customMetadata/*.md-meta.xml``).
+
+A record file is named ``<Type>.<DeveloperName>.md-meta.xml`` (the type
+without its ``__mdt`` suffix) and holds ``<CustomMetadata>`` with ``<label>``
+and ``<values><field>F__c</field><value xsi:type="xsd:string">..</value></values>``
+entries. Each becomes a :class:`RecordSpec` of object ``<Type>__mdt``; the
+values are kept as the text written in the file (``None`` for ``xsi:nil``) and
+converted to the column types when the pack is applied.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from xml.etree.ElementTree import ParseError
+
+import defusedxml.ElementTree as safe_et
+from defusedxml import DefusedXmlException
+
+from nexuscrm.errors import Problem
+from nexuscrm.packs.model import RecordSpec, validate_identifier
+
+METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
+XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
+RECORD_SUFFIX = ".md-meta.xml"
+_SKIP_DIRS = frozenset({"node_modules", "__pycache__"})
+
+
+def _q(tag: str) -> str:
+    return f"{{{METADATA_NS}}}{tag}"
+
+
+def record_files(base: Path) -> Iterator[Path]:
+    """Every ``customMetadata/*.md-meta.xml`` under ``base``, sorted; hidden and
+    ``node_modules`` folders are not searched."""
+    for dirpath, dirnames, files in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        if Path(dirpath).name == "customMetadata":
+            for name in sorted(files):
+                if name.endswith(RECORD_SUFFIX):
+                    yield Path(dirpath) / name
+
+
+def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
+    """Parse one record file: ``(object api name, record)`` or the :class:`Problem`.
+
+    Problems: a file name that is not ``<Type>.<Name>.md-meta.xml``, XML that
+    does not parse or declares a DTD, a root that is not ``<CustomMetadata>``,
+    a ``<values>`` entry without ``<field>``.
+    """
+    stem = path.name[: -len(RECORD_SUFFIX)]
+    type_name, dot, developer_name = stem.partition(".")
+    if not dot or not type_name or not developer_name:
+        return Problem(str(path), "", "file name is not <Type>.<DeveloperName>.md-meta.xml")
+    object_api = f"{type_name}__mdt"
+    try:
+        validate_identifier(object_api, "custom metadata type")
+    except ValueError as exc:
+        return Problem(str(path), "", str(exc))
+    try:
+        root = safe_et.parse(str(path), forbid_dtd=True).getroot()
+    except DefusedXmlException as exc:
+        return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
+    except ParseError as exc:
+        return Problem(str(path), "", f"XML does not parse: {exc}")
+    except OSError as exc:
+        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
+    if root.tag != _q("CustomMetadata"):
+        return Problem(str(path), "", f"root element is <{root.tag}>, expected <CustomMetadata>")
+    label_el = root.find(_q("label"))
+    label = (label_el.text or "").strip() if label_el is not None else ""
+    values: dict[str, str | None] = {}
+    for i, entry in enumerate(root.findall(_q("values"))):
+        field_el = entry.find(_q("field"))
+        field_name = (field_el.text or "").strip() if field_el is not None else ""
+        if not field_name:
+            return Problem(str(path), f"<values>[{i}]", "<field> is missing")
+        value_el = entry.find(_q("value"))
+        if value_el is None or value_el.get(f"{{{XSI_NS}}}nil") == "true":
+            values[field_name] = None
+        else:
+            values[field_name] = value_el.text or ""
+    return object_api, RecordSpec(
+        developer_name=developer_name, label=label or developer_name, values=values
+    )
