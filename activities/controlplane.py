@@ -35,6 +35,7 @@ from nexuscrm.controlplane import (
     metadata,
     packs_apply,
     repair,
+    rowsize,
     verify,
 )
 from nexuscrm.db import tables as t
@@ -121,8 +122,11 @@ class ControlPlaneActivities:
             plan = packs_apply.load_plan(
                 self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
             )
+            cat = catalog.Catalog(version=0)
             if t.object_meta.name in table_names(self.engine):
-                packs_apply.validate_plan(catalog.CACHE.get(self.engine), plan)
+                cat = catalog.CACHE.get(self.engine)
+                packs_apply.validate_plan(cat, plan)
+            rowsize.check_row_sizes(self.engine, cat, plan)
             return packs_apply.summarize(plan)
 
     @activity.defn(name="controlplane.apply_metadata")

@@ -14,12 +14,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, MetaData, inspect, select, update
+from sqlalchemy import Connection, Engine, MetaData, Text, inspect, select, update
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.contracts import PlannedPackInfo
 from nexuscrm.controlplane import lease
+from nexuscrm.controlplane.rowsize import rowsize_text_columns
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
     after_ddl,
@@ -252,14 +253,16 @@ def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
     if spec.api_name not in physical_tables(engine):
         catalog.object_table(spec, dialect, MetaData()).create(engine)
         return 1, 0
-    have = {c["name"].lower() for c in inspect(engine).get_columns(spec.api_name)}
+    reflected = {c["name"].lower(): c["type"] for c in inspect(engine).get_columns(spec.api_name)}
+    text = rowsize_text_columns(engine, spec, reflected)
     added = 0
     with engine.begin() as conn:
         for f in spec.fields:
             for col in f.column_names():
-                if col.lower() in have:
+                if col.lower() in reflected:
                     continue
-                type_sql = render_type(conn, column_type(f, dialect))
+                type_ = Text() if col.lower() in text else column_type(f, dialect)
+                type_sql = render_type(conn, type_)
                 table_q, col_q = quote(conn, spec.api_name), quote(conn, col)
                 conn.exec_driver_sql(f"ALTER TABLE {table_q} ADD COLUMN {col_q} {type_sql}")
                 added += 1
