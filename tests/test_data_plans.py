@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 from sqlalchemy import text
 from temporalio.testing import WorkflowEnvironment
 
@@ -31,8 +32,10 @@ from nexuscrm.connectors.importer import (
     project_plans,
 )
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import PhaseReport
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
+from nexusctl.cli.render import clip, phase_table
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 from tests.builders import (
@@ -209,3 +212,13 @@ async def test_plans_sync_through_the_runtime(
         assert pack.namespace
     finally:
         engine.dispose()
+
+
+def test_phase_details_are_not_cut_mid_word() -> None:
+    detail = " ".join(f"Object{i}__c.Formula{i}__c: unsupported function" for i in range(12))
+    assert len(detail) > 160
+    out = Console(width=4000, record=True)
+    out.print(phase_table([PhaseReport(name="rebuild-derived", detail=detail)], "t"))
+    assert detail in out.export_text()
+    long = clip("word " * 1000)
+    assert long.endswith("word ...") and len(long) <= 2000
