@@ -8,6 +8,8 @@ object and database reason.
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
 from pathlib import Path
 
@@ -17,11 +19,14 @@ from sqlalchemy import text
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from nexuscrm.contracts import ApplyAllInput
 from nexuscrm.controlplane import markers
 from nexuscrm.db.dialect import quote, view_names
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
-from tests.builders import install
+from nexusctl.temporal import start_controlplane
+from nexusctl.worker import build_worker
+from tests.builders import cli_env, install, invoke_async
 
 
 def write_pack(path: Path) -> Path:
@@ -66,3 +71,34 @@ async def test_refused_view_is_named_and_the_others_are_built(
             conn.execute(text(f"SELECT Double__c FROM {quote(conn, 'v_Beta__c')}")).fetchall()
     finally:
         engine.dispose()
+
+
+async def test_progress_shows_attempt_and_last_error_of_a_retrying_phase(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A phase retried with backoff shows its attempt and last error, not just running."""
+    if not settings.database_url.startswith("sqlite"):
+        pytest.skip("the lock held here is SQLite's; the display is backend-independent")
+    path = settings.database_url.removeprefix("sqlite:///")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # every phase write: 'database is locked', retried
+    env = cli_env(settings, temporal_env)
+    async with build_worker(temporal_env.client, settings):
+        handle = await start_controlplane(
+            temporal_env.client, settings, "ApplyAll", ApplyAllInput()
+        )
+        try:
+            deadline = time.monotonic() + 100
+            while True:
+                result = await invoke_async(["progress"], env)
+                if "attempt 2 of 8" in result.output:
+                    break
+                assert time.monotonic() < deadline, result.output
+                await asyncio.sleep(1)
+            assert "database is locked" in result.output, result.output
+        finally:
+            if holder.in_transaction:
+                holder.rollback()
+            holder.close()
+        done = await handle.result()
+    assert done.status == "completed", done
