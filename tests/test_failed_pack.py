@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import inspect, select, text
+from sqlalchemy import Engine, inspect, select, text
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
@@ -48,8 +48,8 @@ def write_pack(path: Path) -> Path:
     return path
 
 
-def pack_status(engine: object, name: str) -> str | None:
-    with engine.connect() as conn:  # type: ignore[attr-defined]
+def pack_status(engine: Engine, name: str) -> str | None:
+    with engine.connect() as conn:
         ip = t.installed_pack
         return conn.execute(select(ip.c.Status).where(ip.c.Name == name)).scalar_one_or_none()
 
