@@ -73,8 +73,7 @@ class RefusedRecord:
 
     def __str__(self) -> str:
         return (
-            f"{self.file}: {self.sobject} {self.reference_id}: "
-            f"{self.failure_class}: {self.reason}"
+            f"{self.file}: {self.sobject} {self.reference_id}: {self.failure_class}: {self.reason}"
         )
 
 
