@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
 from nexuscrm.connectors.importer import (
+    MISSING_DATA_FILE,
     UNRESOLVABLE_REFERENCE,
     DataPlanError,
     import_sfdx_plans,
@@ -105,12 +106,34 @@ def test_refused_records_and_keys(tmp_path: Path) -> None:
 
 
 def test_data_file_errors_say_data_file(tmp_path: Path) -> None:
-    plan = write_project(tmp_path, "a", {}, [{"sobject": "A", "files": ["gone.json"]}])
+    plan = write_project(tmp_path, "a", {}, [{"sobject": "A", "files": ["bad.json"]}])
+    (plan.parent / "bad.json").write_text("{not json")
     with pytest.raises(DataPlanError) as info:
         import_sfdx_plans([plan], installed_pack_id="p")
     message = str(info.value)
-    assert message.startswith("data file ") and "gone.json" in message, message
+    assert message.startswith("data file ") and "bad.json" in message, message
     assert "pack" not in message, message
+
+
+def test_missing_data_file_refuses_its_records_only(tmp_path: Path) -> None:
+    plan = write_project(
+        tmp_path, "a",
+        {"children.json": [rec("Child__c", "C1", Parent__c="@P1"), rec("Child__c", "C2")]},
+        PLAN,
+    )  # fmt: skip
+    result = import_sfdx_plans([plan], installed_pack_id="p")
+    assert [e.source_id for e in result.events] == ["C2"]
+    assert [(r.failure_class, r.file.name) for r in result.refused] == [
+        (MISSING_DATA_FILE, "parents.json"),
+        (UNRESOLVABLE_REFERENCE, "children.json"),
+    ]
+
+
+def test_every_corpus_plan_imports_whole() -> None:
+    for name in ("apex-recipes", "dreamhouse-lwc", "ebikes-lwc", "lwc-recipes"):
+        plans = project_plans(corpus_project(name))
+        result = import_sfdx_plans(plans, installed_pack_id="p", scope=name)
+        assert result.refused == [] and result.events, name
 
 
 def test_project_plans_in_file_name_order() -> None:

@@ -59,6 +59,8 @@ class DataPlanError(ManifestError):
 # Failure class of a record refused at import: an ``@ref`` that names no
 # record of the plan, or one in an entry without ``resolveRefs``.
 UNRESOLVABLE_REFERENCE = "unresolvable-reference"
+# Failure class of a data file a plan names that does not exist.
+MISSING_DATA_FILE = "missing-data-file"
 
 
 @dataclass(frozen=True)
@@ -218,21 +220,31 @@ def import_sfdx_plans(
     still imported, when a value ``@X`` names no referenceId of the plans
     (in a ``resolveRefs`` entry), or names one in an entry without
     ``resolveRefs`` (the Salesforce CLI would store ``@X`` in a lookup:
-    it can never resolve). Elsewhere ``@text`` is data.
+    it can never resolve). Elsewhere ``@text`` is data. A data file the
+    plan names that does not exist refuses its entry's records (class
+    ``missing-data-file``); records referencing them are then refused too.
 
     Order: plan order (plans, entries, files, records); ``shuffle=True``
     permutes the events with ``random.Random(seed)``.
 
-    Raises ``DataPlanError`` naming the file for a missing or unreadable
-    file, invalid JSON, a plan or record of the wrong shape, and a
+    Raises ``DataPlanError`` naming the file for a missing plan, an
+    unreadable file, invalid JSON, a plan or record of the wrong shape, and a
     ``referenceId`` used twice.
     """
     records: list[_PlanRecord] = []
     seen: dict[str, Path] = {}
+    missing: list[RefusedRecord] = []
     for plan_path in plan_paths:
         plan_path = Path(plan_path)
         for sobject, resolve, files in _plan_entries(plan_path, _load_json(plan_path)):
             for path in files:
+                if not path.exists():
+                    # The entry's records cannot be read: refused, the rest imported.
+                    missing.append(
+                        RefusedRecord(path, sobject or "?", "(every record of the file)",
+                                      MISSING_DATA_FILE, f"named by {plan_path.name}, not found")
+                    )  # fmt: skip
+                    continue
                 for rec in _read_records(path, sobject, resolve):
                     if rec.reference_id in seen:
                         raise DataPlanError(
@@ -246,7 +258,7 @@ def import_sfdx_plans(
     def remote(ref: str) -> str:
         return f"{scope}.{ref}" if scope else ref
 
-    out = PlanImport()
+    out = PlanImport(refused=missing)
     for rec in records:
         fields: dict[str, Any] = {}
         references: dict[str, str] = {}
