@@ -46,6 +46,7 @@ from tests.builders import (
     corpus_project,
     fast_fleet,
     install,
+    invoke,
     invoke_async,
     wait_drained,
 )
@@ -245,3 +246,15 @@ def test_phase_details_are_not_cut_mid_word() -> None:
     assert detail in out.export_text()
     long = clip("word " * 1000)
     assert long.endswith("word ...") and len(long) <= 2000
+
+
+def test_demo_sync_names_the_plans_it_lacks(tmp_path: Path, settings: Settings) -> None:
+    project = tmp_path / "bare"
+    (project / "data").mkdir(parents=True)
+    result = invoke(["demo-sync", str(project)], cli_env(settings))
+    assert result.exit_code == 1 and "has no data plan" in result.output, result.output
+    assert "--plan" in result.output
+    result = invoke(
+        ["demo-sync", str(project), "--plan", str(tmp_path / "x.json")], cli_env(settings)
+    )
+    assert result.exit_code == 1 and "x.json not found" in result.output, result.output
