@@ -35,6 +35,7 @@ from nexuscrm.controlplane import (
     metadata,
     packs_apply,
     repair,
+    rowsize,
     verify,
 )
 from nexuscrm.errors import FatalError, VerifyError
@@ -120,6 +121,7 @@ class ControlPlaneActivities:
                 self.engine, req.app_pack_sources, self._dev_sample(req.include_dev_sample)
             )
             packs_apply.validate_against(self.engine, plan)
+            rowsize.check_row_sizes(self.engine, packs_apply.catalog_of(self.engine), plan)
             return packs_apply.summarize(plan)
 
     @activity.defn(name="controlplane.apply_metadata")

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeEngine
 
 from nexuscrm.clock import utcnow
+from nexuscrm.db import rowsize
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import column_type, upsert
 from nexuscrm.packs.model import (
@@ -76,12 +77,22 @@ def standard_columns() -> list[Column[Any]]:
 
 
 def object_table(spec: ObjectSpec, dialect: str, metadata: MetaData | None = None) -> Table:
-    """A SQLAlchemy ``Table`` for a table object: standard columns plus stored fields."""
+    """A SQLAlchemy ``Table`` for a table object: standard columns plus stored fields.
+
+    On MySQL/MariaDB/TiDB the text-like fields of a wide object beyond half
+    the row-size limits are ``TEXT`` (:func:`nexuscrm.db.rowsize.mysql_text_columns`).
+    """
     md = metadata if metadata is not None else MetaData()
     cols: list[Column[Any]] = standard_columns()
+    text = (
+        rowsize.mysql_text_columns(spec, [c.type for c in cols])
+        if dialect == "mysql"
+        else frozenset()
+    )
     for f in spec.fields:
         for name in f.column_names():
-            cols.append(Column(name, column_type(f, dialect), nullable=True))
+            type_ = Text() if name.lower() in text else column_type(f, dialect)
+            cols.append(Column(name, type_, nullable=True))
     return Table(spec.api_name, md, *cols)
 
 

@@ -43,7 +43,7 @@ def test_one_event_per_record(project: str) -> None:
         ref = rec["attributes"]["referenceId"]
         assert ev.source_id == ev.target_remote_id == ref
         assert ev.source_object == ev.target_object == rec["attributes"]["type"]
-        assert ev.idempotency_key == f"{ev.source_object}:{ref}"
+        assert ev.idempotency_key.startswith(f"{ev.source_object}:{ref}:")  # + content digest
         assert (ev.namespace, ev.event_kind, ev.installed_pack_id) == (
             "salesforce",
             "salesforce.record.upsert",

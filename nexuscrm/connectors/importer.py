@@ -28,17 +28,63 @@ be unique across the plan.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nexuscrm.connectors.eventfile import EventFileError, load_json_file
 from nexuscrm.connectors.queue import EnqueueRequest
-from nexuscrm.errors import ManifestError
+from nexuscrm.errors import FatalError, ManifestError
 
 DEFAULT_NAMESPACE = "salesforce"
 DEFAULT_EVENT_KIND = "salesforce.record.upsert"
+
+
+class DataPlanError(ManifestError):
+    """A data plan or data file cannot be used; the message names the file.
+
+    A ``ManifestError`` (callers that catch those keep working) worded for
+    data: ``data file <path>: <reason>``, never ``pack ...``.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        FatalError.__init__(self, f"data file {path}: {message}")
+        self.pack = path
+
+
+# Failure class of a record refused at import: an ``@ref`` that names no
+# record of the plan, or one in an entry without ``resolveRefs``.
+UNRESOLVABLE_REFERENCE = "unresolvable-reference"
+# Failure class of a data file a plan names that does not exist.
+MISSING_DATA_FILE = "missing-data-file"
+
+
+@dataclass(frozen=True)
+class RefusedRecord:
+    """A plan record not enqueued: its file, type, referenceId, class and reason."""
+
+    file: Path
+    sobject: str
+    reference_id: str
+    failure_class: str
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.file}: {self.sobject} {self.reference_id}: {self.failure_class}: {self.reason}"
+        )
+
+
+@dataclass
+class PlanImport:
+    """What :func:`import_sfdx_plans` made: the events and the records it refused."""
+
+    events: list[EnqueueRequest] = field(default_factory=list)
+    refused: list[RefusedRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -61,29 +107,29 @@ def _load_json(path: Path) -> Any:
         return load_json_file(path, "data plan file")
     except EventFileError as exc:
         reason = exc.problems[0].removeprefix(f"{path}: ")
-        raise ManifestError(str(path), reason) from None
+        raise DataPlanError(str(path), reason) from None
 
 
 def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, list[Path]]]:
     """(sobject, resolveRefs, data files) of each plan entry, in plan order."""
     if not isinstance(plan, list):
-        raise ManifestError(str(plan_path), "a data plan must be a JSON array of entries")
+        raise DataPlanError(str(plan_path), "a data plan must be a JSON array of entries")
     entries: list[tuple[str | None, bool, list[Path]]] = []
     for i, entry in enumerate(plan):
         where = f"entry {i}"
         if not isinstance(entry, dict):
-            raise ManifestError(str(plan_path), f"{where}: must be an object")
+            raise DataPlanError(str(plan_path), f"{where}: must be an object")
         sobject = entry.get("sobject")
         if sobject is not None and not isinstance(sobject, str):
-            raise ManifestError(str(plan_path), f"{where}: 'sobject' must be a string")
+            raise DataPlanError(str(plan_path), f"{where}: 'sobject' must be a string")
         files = entry.get("files")
         if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
-            raise ManifestError(
+            raise DataPlanError(
                 str(plan_path), f"{where} ({sobject}): 'files' must be a non-empty list of names"
             )
         resolve = entry.get("resolveRefs", False)
         if not isinstance(resolve, bool):
-            raise ManifestError(str(plan_path), f"{where} ({sobject}): 'resolveRefs' not boolean")
+            raise DataPlanError(str(plan_path), f"{where} ({sobject}): 'resolveRefs' not boolean")
         entries.append((sobject, resolve, [plan_path.parent / f for f in files]))
     return entries
 
@@ -92,27 +138,173 @@ def _read_records(path: Path, sobject: str | None, resolve: bool) -> list[_PlanR
     """The records of one SObject tree file, validated."""
     doc = _load_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        raise ManifestError(str(path), "expected an object with a 'records' array")
+        raise DataPlanError(str(path), "expected an object with a 'records' array")
     out: list[_PlanRecord] = []
     for i, rec in enumerate(doc["records"]):
         where = f"record {i}"
         if not isinstance(rec, dict):
-            raise ManifestError(str(path), f"{where}: must be an object")
+            raise DataPlanError(str(path), f"{where}: must be an object")
         attrs = rec.get("attributes")
         if not isinstance(attrs, dict):
-            raise ManifestError(str(path), f"{where}: missing 'attributes'")
+            raise DataPlanError(str(path), f"{where}: missing 'attributes'")
         rtype = attrs.get("type")
         ref = attrs.get("referenceId")
         if not isinstance(rtype, str) or not rtype:
-            raise ManifestError(str(path), f"{where}: missing attributes.type")
+            raise DataPlanError(str(path), f"{where}: missing attributes.type")
         if not isinstance(ref, str) or not ref:
-            raise ManifestError(str(path), f"{where} ({rtype}): missing attributes.referenceId")
+            raise DataPlanError(str(path), f"{where} ({rtype}): missing attributes.referenceId")
         if sobject is not None and rtype != sobject:
-            raise ManifestError(
+            raise DataPlanError(
                 str(path), f"{where} ({ref}): type {rtype} but the plan entry is {sobject}"
             )
         fields = {k: v for k, v in rec.items() if k != "attributes"}
         out.append(_PlanRecord(rtype, ref, fields, resolve, path))
+    return out
+
+
+def project_scope(plan_path: Path) -> str:
+    """The default key scope of a plan: its project's folder name.
+
+    ``<project>/data/plan.json`` -> ``<project>``; a plan elsewhere -> its
+    folder's name.
+    """
+    folder = Path(plan_path).resolve().parent
+    return folder.parent.name if folder.name == "data" else folder.name
+
+
+def project_plans(project: Path) -> list[Path]:
+    """Every data plan of an SFDX project: ``data/*plan*.json``, sorted by file name.
+
+    That is the order ``demo-sync`` imports them in (a later plan may
+    reference the records of an earlier one).
+    """
+    data = Path(project) / "data"
+    if not data.is_dir():
+        return []
+    return sorted(p for p in data.glob("*.json") if "plan" in p.name.lower() and p.is_file())
+
+
+def _digest(rec: _PlanRecord) -> str:
+    body = json.dumps(rec.fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def import_sfdx_plans(
+    plan_paths: Sequence[Path],
+    *,
+    installed_pack_id: str,
+    scope: str | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    event_kind: str = DEFAULT_EVENT_KIND,
+    shuffle: bool = False,
+    seed: int | None = None,
+    queue_class: str = "default",
+) -> PlanImport:
+    """One upsert event per record of the data plans, in order; refused records apart.
+
+    ``scope`` (e.g. the project's name, :func:`project_scope`) prefixes every
+    remote id and idempotency key (``<scope>.<referenceId>``), so two
+    projects whose plans both say ``AccountRef1`` never collide; without it
+    remote ids are the bare referenceIds. The plans share one reference
+    space (a later plan may name an earlier plan's records).
+
+    Each request: ``source_object`` = ``target_object`` = the record's type,
+    ``source_id`` = ``target_remote_id`` = its (scoped) referenceId,
+    ``idempotency_key`` = ``"<type>:<remote id>:<content digest>"`` (a
+    changed record is a new event in the same source lane, after the old
+    one; an unchanged one is a duplicate), and ``payload`` = ``{"sobject",
+    "remote_id", "fields", "references"}`` where ``fields`` holds every key
+    but ``attributes``, with ``@Ref`` lookups replaced by the remote id.
+
+    A record is refused (class ``unresolvable-reference``), and the rest
+    still imported, when a value ``@X`` names no referenceId of the plans
+    (in a ``resolveRefs`` entry), or names one in an entry without
+    ``resolveRefs`` (the Salesforce CLI would store ``@X`` in a lookup:
+    it can never resolve). Elsewhere ``@text`` is data. A data file the
+    plan names that does not exist refuses its entry's records (class
+    ``missing-data-file``); records referencing them are then refused too.
+
+    Order: plan order (plans, entries, files, records); ``shuffle=True``
+    permutes the events with ``random.Random(seed)``.
+
+    Raises ``DataPlanError`` naming the file for a missing plan, an
+    unreadable file, invalid JSON, a plan or record of the wrong shape, and a
+    ``referenceId`` used twice.
+    """
+    records: list[_PlanRecord] = []
+    seen: dict[str, Path] = {}
+    missing: list[RefusedRecord] = []
+    for plan_path in plan_paths:
+        plan_path = Path(plan_path)
+        for sobject, resolve, files in _plan_entries(plan_path, _load_json(plan_path)):
+            for path in files:
+                if not path.exists():
+                    # The entry's records cannot be read: refused, the rest imported.
+                    missing.append(
+                        RefusedRecord(path, sobject or "?", "(every record of the file)",
+                                      MISSING_DATA_FILE, f"named by {plan_path.name}, not found")
+                    )  # fmt: skip
+                    continue
+                for rec in _read_records(path, sobject, resolve):
+                    if rec.reference_id in seen:
+                        raise DataPlanError(
+                            str(path),
+                            f"duplicate referenceId {rec.reference_id!r} "
+                            f"(first defined in {seen[rec.reference_id].name})",
+                        )
+                    seen[rec.reference_id] = path
+                    records.append(rec)
+
+    def remote(ref: str) -> str:
+        return f"{scope}.{ref}" if scope else ref
+
+    out = PlanImport(refused=missing)
+    for rec in records:
+        fields: dict[str, Any] = {}
+        references: dict[str, str] = {}
+        problem: str | None = None
+        for key, value in rec.fields.items():
+            if isinstance(value, str) and value.startswith("@") and problem is None:
+                target = value[1:]
+                if rec.resolve_refs and target not in seen:
+                    problem = f"field {key} references {value}, which no record of the plan has"
+                elif rec.resolve_refs:
+                    fields[key] = references[key] = remote(target)
+                    continue
+                elif target in seen:
+                    problem = (
+                        f"field {key} is {value}, a referenceId, but its plan entry has no "
+                        "resolveRefs: it can never resolve"
+                    )
+            fields[key] = value
+        if problem is not None:
+            out.refused.append(
+                RefusedRecord(rec.file, rec.sobject, rec.reference_id, UNRESOLVABLE_REFERENCE,
+                              problem)
+            )  # fmt: skip
+            continue
+        remote_id = remote(rec.reference_id)
+        out.events.append(
+            EnqueueRequest(
+                installed_pack_id=installed_pack_id,
+                namespace=namespace,
+                event_kind=event_kind,
+                idempotency_key=f"{rec.sobject}:{remote_id}:{_digest(rec)}",
+                source_object=rec.sobject,
+                source_id=remote_id,
+                payload={
+                    "sobject": rec.sobject,
+                    "remote_id": remote_id,
+                    "fields": fields,
+                    "references": references,
+                },
+                queue_class=queue_class,
+                target_object=rec.sobject,
+                target_remote_id=remote_id,
+            )
+        )
+    if shuffle:
+        random.Random(seed).shuffle(out.events)
     return out
 
 
@@ -125,78 +317,19 @@ def events_from_sfdx_plan(
     shuffle: bool = False,
     seed: int | None = None,
     queue_class: str = "default",
+    scope: str | None = None,
 ) -> list[EnqueueRequest]:
-    """One upsert event per record of the data plan at ``plan_path``.
+    """:func:`import_sfdx_plans` of one plan, strict: any refused record raises.
 
-    Each request: ``source_object`` = ``target_object`` = the record's type,
-    ``source_id`` = ``target_remote_id`` = its ``referenceId``,
-    ``idempotency_key`` = ``"<type>:<referenceId>"``, and ``payload`` =
-    ``{"sobject": type, "remote_id": referenceId, "fields": {...},
-    "references": {field: referenced remote id}}`` where ``fields`` holds every
-    key but ``attributes``, with ``@Ref`` lookups replaced by ``Ref``.
-
-    Order: plan order (entries, their files, records in file order — parents
-    first in a well-formed plan); ``shuffle=True`` permutes all events with
-    ``random.Random(seed)`` (deterministic for a given seed).
-
-    Raises ``ManifestError`` naming the file for: a missing or unreadable
-    file, invalid JSON, a plan or record of the wrong shape (no
-    ``attributes``, ``type`` or ``referenceId``; a type other than the entry's
-    ``sobject``), a ``referenceId`` used twice in the plan, and an ``@ref``
-    to a referenceId that is not in the plan.
+    Raises ``DataPlanError`` naming the file of the first refused record
+    (an ``@ref`` that cannot resolve), besides the errors of
+    :func:`import_sfdx_plans`.
     """
-    plan_path = Path(plan_path)
-    entries = _plan_entries(plan_path, _load_json(plan_path))
-    records: list[_PlanRecord] = []
-    seen: dict[str, Path] = {}
-    for sobject, resolve, files in entries:
-        for path in files:
-            for rec in _read_records(path, sobject, resolve):
-                if rec.reference_id in seen:
-                    raise ManifestError(
-                        str(path),
-                        f"duplicate referenceId {rec.reference_id!r} "
-                        f"(first defined in {seen[rec.reference_id].name})",
-                    )
-                seen[rec.reference_id] = path
-                records.append(rec)
-
-    events: list[EnqueueRequest] = []
-    for rec in records:
-        fields: dict[str, Any] = {}
-        references: dict[str, str] = {}
-        for key, value in rec.fields.items():
-            if rec.resolve_refs and isinstance(value, str) and value.startswith("@"):
-                target = value[1:]
-                if target not in seen:
-                    raise ManifestError(
-                        str(rec.file),
-                        f"record {rec.reference_id}: field {key} references {value}, "
-                        "which is not a referenceId of the plan",
-                    )
-                fields[key] = target
-                references[key] = target
-            else:
-                fields[key] = value
-        events.append(
-            EnqueueRequest(
-                installed_pack_id=installed_pack_id,
-                namespace=namespace,
-                event_kind=event_kind,
-                idempotency_key=f"{rec.sobject}:{rec.reference_id}",
-                source_object=rec.sobject,
-                source_id=rec.reference_id,
-                payload={
-                    "sobject": rec.sobject,
-                    "remote_id": rec.reference_id,
-                    "fields": fields,
-                    "references": references,
-                },
-                queue_class=queue_class,
-                target_object=rec.sobject,
-                target_remote_id=rec.reference_id,
-            )
-        )
-    if shuffle:
-        random.Random(seed).shuffle(events)
-    return events
+    result = import_sfdx_plans(
+        [plan_path], installed_pack_id=installed_pack_id, scope=scope, namespace=namespace,
+        event_kind=event_kind, shuffle=shuffle, seed=seed, queue_class=queue_class,
+    )  # fmt: skip
+    if result.refused:
+        first = result.refused[0]
+        raise DataPlanError(str(first.file), f"record {first.reference_id}: {first.reason}")
+    return result.events

@@ -24,12 +24,19 @@ from sqlalchemy import Connection, Engine, MetaData, Table, func, select, text
 from nexuscrm import catalog
 from nexuscrm.controlplane import lease, markers
 from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import create_or_replace_view, describe_error, dialect_name, quote
+from nexuscrm.db.dialect import (
+    create_or_replace_view,
+    describe_error,
+    dialect_name,
+    is_transient,
+    quote,
+)
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.db.dialect import view_names as physical_views
 from nexuscrm.errors import FatalError
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.log import log
+from nexuscrm.packs.model import FieldSpec, ObjectSpec
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,40 @@ class DerivedResult:
 
     views: list[str] = field(default_factory=list)
     problems: list[FormulaIssue] = field(default_factory=list)
+    refused: list[ViewRefusal] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ViewRefusal:
+    """A view, or one formula of it, the database refused, and its reason.
+
+    ``field_api_name`` is the refused formula field, or None when the
+    database refused even the view of the object's columns alone.
+    """
+
+    object_api_name: str
+    view: str
+    field_api_name: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        what = f"formula {self.field_api_name}" if self.field_api_name else "its columns"
+        return f"view {self.view} of {self.object_api_name} ({what}): {self.reason}"
+
+
+class ViewRefusedError(FatalError):
+    """The database refused views or formulas (every other view was built).
+
+    Not retried: the refusal repeats. The message names each refused view by
+    object, formula field and the database's reason.
+    """
+
+    def __init__(self, refused: list[ViewRefusal]) -> None:
+        self.refused = refused
+        super().__init__(
+            f"the database refused {len(refused)} view(s) or formula(s); every other view "
+            "was built: " + "; ".join(str(r) for r in refused)
+        )
 
 
 class DeferPreconditionError(FatalError):
@@ -132,9 +173,13 @@ def rebuild_derived(
     """Rebuild every object's view (``v_<Object>``) from live metadata.
 
     Each view selects the physical columns (reflected, so discovered tables
-    work too) plus each formula field that compiles. Raises
-    ``LeaseLostError`` when fenced out; database errors propagate (transient
-    ones are retried by the activity).
+    work too) plus each formula field that compiles. Each view is built in
+    a transaction of its own: a view the database refuses (a permanent
+    error) never takes the others down; its refused formulas are found one
+    by one and left out, and after every other view is built the call
+    raises ``ViewRefusedError`` naming each by object, field and reason.
+    Raises ``LeaseLostError`` when fenced out; transient database errors
+    propagate (the activity retries them).
 
     ``defer_formula_views`` (the seed's ``deferFormulaViews``): create or
     replace no view at all (old pods may still serve the old ones); assert
@@ -151,32 +196,105 @@ def rebuild_derived(
     dialect = dialect_name(engine)
     result = DerivedResult()
     present = physical_tables(engine)
+    with engine.connect() as conn:
+        lease.require(conn, epoch)
+    for key in sorted(cat.objects):
+        obj = cat.objects[key]
+        if not obj.has_table or obj.table_name not in present:
+            continue
+        _build_view(engine, epoch, obj.spec(), obj.table_name, dialect, result)
+    if result.refused:
+        # Every other view is built; fail closed naming each refused one.
+        raise ViewRefusedError(result.refused)
     with engine.begin() as conn:
         lease.require(conn, epoch)
-        for key in sorted(cat.objects):
-            obj = cat.objects[key]
-            if not obj.has_table or obj.table_name not in present:
-                continue
-            table = Table(obj.table_name, MetaData(), autoload_with=conn)
-            select_, problems = build_view_select(obj.spec(), table, dialect)
-            for p in problems:
-                issue = FormulaIssue(p.object_api_name, p.field_api_name, p.reason)
-                result.problems.append(issue)
-                log.warning(
-                    "formula left out of view",
-                    object=issue.object_api_name,
-                    field=issue.field_api_name,
-                    reason=issue.reason,
-                )
-            name = view_name(obj.api_name)
-            create_or_replace_view(conn, name, select_)
-            result.views.append(name)
         # A full rebuild settles deferred-rebuild debt by definition, but only
         # on a lease-holding (fenced) path.
         if settle_rebuild_debt and epoch is not None and markers.rebuild_owed(conn):
             markers.clear_rebuild_owed(conn)
             log.info("formula view rebuild debt settled", views=len(result.views))
     return result
+
+
+def _try_view(
+    engine: Engine, epoch: int | None, spec: ObjectSpec, table_name: str, dialect: str
+) -> tuple[list[FormulaIssue], str | None]:
+    """Create or replace ``spec``'s view in a transaction of its own.
+
+    Returns the formulas the compiler left out and ``None``, or the
+    database's reason when it refused the view (the old view, if any, stays).
+    Transient errors and a lost lease propagate (the phase is retried or
+    fenced out).
+    """
+    try:
+        with engine.begin() as conn:
+            lease.require(conn, epoch)
+            table = Table(table_name, MetaData(), autoload_with=conn)
+            select_, problems = build_view_select(spec, table, dialect)
+            create_or_replace_view(conn, view_name(spec.api_name), select_)
+    except FatalError:
+        raise
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        return [], describe_error(exc, 500)
+    return [FormulaIssue(p.object_api_name, p.field_api_name, p.reason) for p in problems], None
+
+
+def _build_view(
+    engine: Engine,
+    epoch: int | None,
+    spec: ObjectSpec,
+    table_name: str,
+    dialect: str,
+    result: DerivedResult,
+) -> None:
+    """Build one object's view; on a refusal, find the formulas the database refuses.
+
+    The view is then built with its columns and every formula the database
+    accepts, each refused formula recorded in ``result.refused`` with the
+    database's reason (``field_api_name`` None: even the columns alone were
+    refused, and the object has no new view).
+    """
+    name = view_name(spec.api_name)
+    problems, refused = _try_view(engine, epoch, spec, table_name, dialect)
+    if refused is None:
+        for issue in problems:
+            result.problems.append(issue)
+            log.warning(
+                "formula left out of view",
+                object=issue.object_api_name,
+                field=issue.field_api_name,
+                reason=issue.reason,
+            )
+        result.views.append(name)
+        return
+    columns = tuple(f for f in spec.fields if not f.is_formula)
+    _, base_refused = _try_view(
+        engine, epoch, spec.model_copy(update={"fields": columns}), table_name, dialect
+    )
+    if base_refused is not None:
+        result.refused.append(ViewRefusal(spec.api_name, name, None, base_refused))
+        log.error("view refused", object=spec.api_name, view=name, reason=base_refused)
+        return
+    accepted: list[FieldSpec] = []
+    for f in spec.fields:
+        if not f.is_formula:
+            continue
+        trial = spec.model_copy(update={"fields": (*columns, *accepted, f)})
+        left_out, reason = _try_view(engine, epoch, trial, table_name, dialect)
+        if reason is None and any(p.field_api_name == f.api_name for p in left_out):
+            reason = next(p.reason for p in left_out if p.field_api_name == f.api_name)
+        if reason is None:
+            accepted.append(f)
+            continue
+        result.refused.append(ViewRefusal(spec.api_name, name, f.api_name, reason))
+        log.error("formula refused", object=spec.api_name, field=f.api_name, reason=reason)
+    # The view is left with the columns and the accepted formulas: rebuild it
+    # so (the last trial may have been refused).
+    final = spec.model_copy(update={"fields": (*columns, *accepted)})
+    _try_view(engine, epoch, final, table_name, dialect)
+    result.views.append(name)
 
 
 def _assert_views_exist(engine: Engine, epoch: int | None) -> DerivedResult:

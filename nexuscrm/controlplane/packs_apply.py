@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, MetaData, inspect, select, update
+from sqlalchemy import Connection, Engine, MetaData, Text, inspect, select, update
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
@@ -29,6 +29,7 @@ from nexuscrm.controlplane.packs_plan import (
     validate_plan,
 )
 from nexuscrm.controlplane.packs_records import merge_customizations, sync_records
+from nexuscrm.controlplane.rowsize import rowsize_text_columns
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
     after_ddl,
@@ -143,13 +144,14 @@ def load_plan(
     # Report the plan's problems of what did load too: every problem at once.
     try:
         plan = order_packs(packs + explicit + stored)
-        problems.extend(plan_problems(_catalog_of(engine), plan))
+        problems.extend(plan_problems(catalog_of(engine), plan))
     except PackError as exc:
         problems.append(problem_from(exc))
     raise PackProblems(", ".join(app_sources), problems)
 
 
-def _catalog_of(engine: Engine | None) -> catalog.Catalog:
+def catalog_of(engine: Engine | None) -> catalog.Catalog:
+    """The database's metadata catalog, or an empty one when it has no metadata yet."""
     if engine is not None and t.object_meta.name in physical_tables(engine):
         return catalog.CACHE.get(engine)
     return catalog.Catalog(version=0)
@@ -161,7 +163,7 @@ def validate_against(engine: Engine, packs: Sequence[PackManifest]) -> None:
 
     Raises ``PackProblems`` with every problem of the plan, grouped by file.
     """
-    validate_plan(_catalog_of(engine), packs)
+    validate_plan(catalog_of(engine), packs)
 
 
 def summarize(packs: Sequence[PackManifest]) -> list[PlannedPackInfo]:
@@ -218,14 +220,16 @@ def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
     if spec.api_name not in physical_tables(engine):
         catalog.object_table(spec, dialect, MetaData()).create(engine)
         return 1, 0
-    have = {c["name"].lower() for c in inspect(engine).get_columns(spec.api_name)}
+    reflected = {c["name"].lower(): c["type"] for c in inspect(engine).get_columns(spec.api_name)}
+    text = rowsize_text_columns(engine, spec, reflected)
     added = 0
     with engine.begin() as conn:
         for f in spec.fields:
             for col in f.column_names():
-                if col.lower() in have:
+                if col.lower() in reflected:
                     continue
-                type_sql = render_type(conn, column_type(f, dialect))
+                type_ = Text() if col.lower() in text else column_type(f, dialect)
+                type_sql = render_type(conn, type_)
                 table_q, col_q = quote(conn, spec.api_name), quote(conn, col)
                 conn.exec_driver_sql(f"ALTER TABLE {table_q} ADD COLUMN {col_q} {type_sql}")
                 added += 1

@@ -8,6 +8,7 @@ One-time steps are stamped in ``_System_Migration`` so a re-run skips them.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -78,13 +79,28 @@ def discover_and_register_physical_tables(conn: Connection) -> int:
     inventoried as ``TableType='discovered'`` with fields inferred from its
     columns, so metadata describes every table. System tables, views and
     names that are not valid API names are left alone.
+
+    A table an installed pack declares but never finished installing (its
+    row ``failed``, ``installing`` or ``removed`` before it became active: a
+    pack that failed half-way through apply-packs) belongs to that pack, not
+    to discovery: it is not registered (the pack registers it, with its
+    declared types, when it applies), and a ``discovered`` registration of
+    it left by an earlier release is withdrawn, so fixing or removing the
+    pack converges instead of failing on inferred types.
     """
+    unfinished = unfinished_pack_tables(conn)
+    changed = _release_discovered(conn, unfinished)
     known = {r.lower() for r in conn.execute(select(t.object_meta.c.TableName)).scalars()}
     insp = inspect(conn)
-    changed = 0
     std = {c.lower() for c in STANDARD_COLUMNS}
     for name in sorted(insp.get_table_names()):
         if name.lower() in known or name.startswith("_System_"):
+            continue
+        if name.lower() in unfinished:
+            log.info(
+                "repair: table left to its pack (never finished installing)",
+                table=name, pack=unfinished[name.lower()],
+            )  # fmt: skip
             continue
         if not _valid_name(name):
             log.warning("repair: physical table not registered: not a valid API name", table=name)
@@ -102,6 +118,50 @@ def discover_and_register_physical_tables(conn: Connection) -> int:
         changed += catalog.sync_rows(conn, t.object_meta, rows)
         changed += catalog.sync_rows(conn, t.field_meta, fields)
         log.info("repair: registered physical table", table=name, fields=len(fields))
+    return changed
+
+
+def unfinished_pack_tables(conn: Connection) -> dict[str, str]:
+    """Lower-cased table name -> pack, for the tables of app/connector packs that
+    are not active (their stored payload's own objects, not extensions)."""
+    ip = t.installed_pack
+    out: dict[str, str] = {}
+    rows = conn.execute(
+        select(ip.c.Name, ip.c.Payload).where(
+            ip.c.Status.in_(("failed", "installing", "removed")),
+            ip.c.Category.in_(("AppPack", "ConnectorPack")),
+        )
+    ).all()
+    for name, payload in rows:
+        try:
+            objects = json.loads(payload or "{}").get("objects") or []
+        except ValueError:
+            continue
+        for o in objects:
+            if isinstance(o, dict) and not o.get("extends") and o.get("kind", "table") == "table":
+                out.setdefault(str(o.get("api_name", "")).lower(), str(name))
+    return out
+
+
+def _release_discovered(conn: Connection, unfinished: dict[str, str]) -> int:
+    """Withdraw ``discovered`` registrations of tables an unfinished pack declares."""
+    om, fm = t.object_meta, t.field_meta
+    changed = 0
+    rows = conn.execute(
+        select(om.c.Id, om.c.ApiName, om.c.TableName).where(
+            om.c.TableType == "discovered", om.c.PackName == ""
+        )
+    ).all()
+    for row in rows:
+        pack = unfinished.get(str(row.TableName).lower())
+        if pack is None:
+            continue
+        conn.execute(delete(fm).where(fm.c.ObjectApiName == row.ApiName, fm.c.PackName == ""))
+        conn.execute(delete(om).where(om.c.Id == row.Id))
+        log.info("repair: discovered table handed back to its pack", table=row.TableName, pack=pack)
+        changed += 1
+    if changed:
+        catalog.bump_version(conn)
     return changed
 
 

@@ -52,6 +52,7 @@ from nexusctl.cli.render import (
     print_summary,
     warn,
 )
+from nexusctl.cli.retrying import with_retries
 from nexusctl.temporal import ControlPlaneBusyError, connect, start_controlplane
 
 # The single operations: workflow type and help text (the command is the
@@ -92,7 +93,10 @@ async def _warn_if_no_worker(
 
 
 async def _query_progress(handle: WorkflowHandle[Any, Any]) -> list[PhaseReport]:
-    return await handle.query("progress", result_type=list[PhaseReport], rpc_timeout=QUERY_TIMEOUT)
+    phases = await handle.query(
+        "progress", result_type=list[PhaseReport], rpc_timeout=QUERY_TIMEOUT
+    )
+    return await with_retries(handle, phases)
 
 
 async def _watch(handle: WorkflowHandle[Any, ApplyAllResult], title: str) -> ApplyAllResult:

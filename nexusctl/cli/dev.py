@@ -24,7 +24,7 @@ from rich.table import Table
 from sqlalchemy import text as sa_text
 
 from nexuscrm.connectors import queue
-from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.connectors.importer import import_sfdx_plans, project_plans
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -300,16 +300,28 @@ def demo(app_pack: AppPack = None, dev_sample: DevSample = None) -> None:
 
 
 def demo_sync(
-    project: Annotated[Path, typer.Argument(help="SFDX project with data/sample-data-plan.json.")],
+    project: Annotated[Path, typer.Argument(help="SFDX project with data plans in data/.")],
     shuffle: Annotated[bool, typer.Option(help="Shuffle: children may come first.")] = True,
     seed: Annotated[int | None, typer.Option(help="Shuffle seed.")] = None,
+    plan: Annotated[
+        list[Path] | None,
+        typer.Option(help="A data plan to sync (repeatable; default: every data/*plan*.json)."),
+    ] = None,
 ) -> None:
-    """Embedded stack: install PROJECT and the salesforce-sync connector, sync its sample data."""
+    """Embedded stack: install PROJECT and the salesforce-sync connector, sync its sample data.
+
+    The plans run in the order given, by default every ``data/*plan*.json``
+    of the project sorted by file name; remote ids are scoped by the
+    project's folder name.
+    """
     settings = load_settings(quiet=True)
     project = project.expanduser().resolve()
-    plan = project / "data" / "sample-data-plan.json"
-    if not plan.is_file():
-        fail(f"{plan} not found: the project has no Salesforce DX data plan")
+    plans = [p.expanduser().resolve() for p in plan] if plan else project_plans(project)
+    if not plans:
+        fail(f"{project / 'data'} has no data plan (*plan*.json): pass --plan FILE")
+    for p in plans:
+        if not p.is_file():
+            fail(f"data plan {p} not found")
     sources = [str(project), str(CONNECTOR_PACKS_DIR / "salesforce-sync")]
     check_database(settings)
 
@@ -320,10 +332,14 @@ def demo_sync(
         )  # fmt: skip
         engine = open_engine(settings)
         row = connector_pack(settings, "salesforce-sync")
-        requests = events_from_sfdx_plan(
-            plan, installed_pack_id=row.install_id, namespace=row.namespace,
-            shuffle=shuffle, seed=seed,
+        console.print("data plans, in order: " + ", ".join(p.name for p in plans))
+        imported = import_sfdx_plans(
+            plans, installed_pack_id=row.install_id, namespace=row.namespace,
+            shuffle=shuffle, seed=seed, scope=project.name,
         )  # fmt: skip
+        for refused in imported.refused:
+            warn(f"record refused, not synced: {refused}")
+        requests = imported.events
         result = queue.enqueue(engine, requests)
         console.print(f"enqueued {result.inserted} events ({result.duplicates} already there)")
         client = await connect(settings)

@@ -13,7 +13,7 @@ import typer
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.eventfile import EventFileError, read_event_file, unrouted
-from nexuscrm.connectors.importer import events_from_sfdx_plan
+from nexuscrm.connectors.importer import RefusedRecord, import_sfdx_plans, project_scope
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_connector_packs
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
@@ -78,22 +78,42 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
 
 @events_app.command("import-sfdx-data")
 def events_import_sfdx_data(
-    plan: Path,
+    plans: Annotated[list[Path], typer.Argument(help="Data plan(s), imported in this order.")],
     pack: PackName = "salesforce-sync",
     shuffle: Annotated[bool, typer.Option(help="Shuffle: children may arrive first.")] = False,
     seed: Annotated[int | None, typer.Option(help="Shuffle seed.")] = None,
+    scope: Annotated[
+        str | None,
+        typer.Option(help="Prefix of remote ids and keys (default: the project's folder name)."),
+    ] = None,
 ) -> None:
-    """Turn a Salesforce DX data plan (sample-data-plan.json) into inbound events."""
+    """Turn Salesforce DX data plans (sample-data-plan.json) into inbound events.
+
+    Records whose ``@ref`` cannot resolve are listed (class
+    unresolvable-reference) and not enqueued; the rest are, then the
+    command exits 1 when any was refused.
+    """
     settings = load_settings()
     row = connector_pack(settings, pack)
     try:
-        requests = events_from_sfdx_plan(
-            plan, installed_pack_id=row.install_id, namespace=row.namespace, shuffle=shuffle,
-            seed=seed,
+        result = import_sfdx_plans(
+            plans, installed_pack_id=row.install_id, namespace=row.namespace, shuffle=shuffle,
+            seed=seed, scope=scope or project_scope(plans[0]),
         )  # fmt: skip
     except NexusError as exc:
         fail(str(exc))
-    _enqueue(settings, requests, row.install_id)
+    _enqueue(settings, result.events, row.install_id)
+    report_refused(result.refused)
+
+
+def report_refused(refused: list[RefusedRecord]) -> None:
+    """List the records an import refused (one line each) and exit 1; no-op when none."""
+    if not refused:
+        return
+    fail(
+        f"{len(refused)} record(s) refused, the rest enqueued:\n  "
+        + "\n  ".join(str(r) for r in refused)
+    )
 
 
 @events_app.command("replay")

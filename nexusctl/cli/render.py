@@ -174,6 +174,19 @@ def end_live_output() -> None:
 # tables
 
 
+NOTE_LIMIT = 2000
+
+
+def clip(note: str, limit: int = NOTE_LIMIT) -> str:
+    """``note`` whole when it has at most ``limit`` characters; else cut at the last
+    word boundary before it, ending in `` ...`` (never mid-word). The table wraps it."""
+    if len(note) <= limit:
+        return note
+    cut = note[: limit - 4]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip() + " ..."
+
+
 def phase_table(phases: list[PhaseReport], title: str) -> Table:
     """Rich table of phases: name, status, seconds, detail or error."""
     table = Table(title=title)
@@ -183,8 +196,8 @@ def phase_table(phases: list[PhaseReport], title: str) -> Table:
     for p in phases:
         color = colors.get(p.status, "white")
         secs = f"{p.duration_s:.2f}" if p.duration_s is not None else ""
-        note = p.error or p.detail or ""
-        table.add_row(p.name, f"[{color}]{p.status}[/{color}]", secs, Text(note[:160]))
+        note = clip(p.error or p.detail or "")
+        table.add_row(p.name, f"[{color}]{p.status}[/{color}]", secs, Text(note))
     return table
 
 

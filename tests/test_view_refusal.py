@@ -1,0 +1,104 @@
+"""One view the database refuses does not take the others down (issue 13 item 8).
+
+A table squats on the name of ``Alpha__c``'s view (left by a restore, say):
+the database refuses ``v_Alpha__c`` permanently. rebuild-derived still builds
+every other view, fails at once (no retries), and names the refused view by
+object and database reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import text
+from temporalio.client import WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+
+from nexuscrm.contracts import ApplyAllInput
+from nexuscrm.controlplane import markers
+from nexuscrm.db.dialect import quote, view_names
+from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
+from nexusctl.temporal import start_controlplane
+from nexusctl.worker import build_worker
+from tests.builders import cli_env, install, invoke_async
+
+
+def write_pack(path: Path) -> Path:
+    """An app pack of two objects, each with a formula field."""
+    objects = [
+        {
+            "api_name": name,
+            "label": name,
+            "fields": [
+                {"api_name": "Amount__c", "type": "Number", "precision": 18, "scale": 2},
+                {"api_name": "Double__c", "type": "Number", "formula": "Amount__c * 2"},
+            ],
+        }
+        for name in ("Alpha__c", "Beta__c")
+    ]
+    doc = {"name": "views-app", "category": "AppPack", "depends_on": ["platform-core"]}
+    path.write_text(yaml.safe_dump({**doc, "objects": objects}))
+    return path
+
+
+async def test_refused_view_is_named_and_the_others_are_built(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    pack = write_pack(tmp_path / "views.yaml")
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE {quote(conn, 'v_Alpha__c')} (x INTEGER)"))
+        started = time.monotonic()
+        with pytest.raises(WorkflowFailureError):
+            await install(temporal_env, settings, [str(pack)])
+        # A permanent refusal is not retried (8 attempts took ~92 s before).
+        assert time.monotonic() - started < 60
+        marker = markers.read(engine)
+        assert marker is not None and marker.status == "failed"
+        error = marker.last_error or ""
+        assert "rebuild-derived" in error and "ViewRefusedError" in error, error
+        assert "view v_Alpha__c of Alpha__c" in error, error
+        views = view_names(engine)
+        assert {"v_Beta__c", "v_Account", "v_Contact"} <= views, views
+        with engine.connect() as conn:
+            conn.execute(text(f"SELECT Double__c FROM {quote(conn, 'v_Beta__c')}")).fetchall()
+    finally:
+        engine.dispose()
+
+
+async def test_progress_shows_attempt_and_last_error_of_a_retrying_phase(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A phase retried with backoff shows its attempt and last error, not just running."""
+    if not settings.database_url.startswith("sqlite"):
+        pytest.skip("the lock held here is SQLite's; the display is backend-independent")
+    path = settings.database_url.removeprefix("sqlite:///")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # every phase write: 'database is locked', retried
+    env = cli_env(settings, temporal_env)
+    async with build_worker(temporal_env.client, settings):
+        handle = await start_controlplane(
+            temporal_env.client, settings, "ApplyAll", ApplyAllInput()
+        )
+        try:
+            deadline = time.monotonic() + 100
+            while True:
+                result = await invoke_async(["progress"], env)
+                if "attempt 2 of 8" in result.output:
+                    break
+                assert time.monotonic() < deadline, result.output
+                await asyncio.sleep(1)
+            assert "database is locked" in result.output, result.output
+        finally:
+            if holder.in_transaction:
+                holder.rollback()
+            holder.close()
+        done = await handle.result()
+    assert done.status == "completed", done
