@@ -61,7 +61,7 @@ from nexusctl.temporal import (
     temporal_binary,
 )
 from nexusctl.worker import build_connector_worker
-from tests.builders import install, record_upsert
+from tests.builders import children_and_parents, install
 
 WATCH_S = 0.05
 PHASE_TIMEOUT_S = 150.0
@@ -161,23 +161,7 @@ async def run(
     await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
-    children = [
-        record_upsert(
-            pack.install_id,
-            pack.namespace,
-            "Contact",
-            f"c{k}",
-            {"LastName": f"L{k}", "AccountId": f"a{k}"},
-            refs={"AccountId": f"a{k}"},
-        )
-        for k in range(n)
-    ]
-    parents = [
-        record_upsert(
-            pack.install_id, pack.namespace, "Account", f"a{k}", {"Name": f"Account {k}"}, refs={}
-        )
-        for k in range(n)
-    ]
+    children, parents = children_and_parents(pack.install_id, pack.namespace, n)
     queue.enqueue(engine, children)
     seen: dict[str, float] = {}
     woken: dict[str, float] = {}

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy import Engine, func, inspect, select, text
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
@@ -136,6 +136,80 @@ def record_upsert(
         payload=payload,
         target=remote_id if targeted else None,
     )
+
+
+def account_versions(
+    pack_id: str, namespace: str, records: int, versions: int
+) -> list[queue.EnqueueRequest]:
+    """``versions`` upserts of each of ``records`` Accounts (``acct<k>``), Phone ``v0`` ..
+
+    In version order, then record order, so the last version of every record is
+    enqueued last; key ``acct<k>:v<v>``. See :func:`last_phones`.
+    """
+    return [
+        record_upsert(
+            pack_id,
+            namespace,
+            "Account",
+            f"acct{k}",
+            {"Name": f"Account {k}", "Phone": f"v{v}"},
+            key=f"acct{k}:v{v}",
+        )
+        for v in range(versions)
+        for k in range(records)
+    ]
+
+
+def children_and_parents(
+    pack_id: str, namespace: str, n: int
+) -> tuple[list[queue.EnqueueRequest], list[queue.EnqueueRequest]]:
+    """``n`` Contacts ``c<k>`` whose AccountId looks up Account ``a<k>``, and those Accounts."""
+    children = [
+        record_upsert(
+            pack_id,
+            namespace,
+            "Contact",
+            f"c{k}",
+            {"LastName": f"Child {k}", "AccountId": f"a{k}"},
+            refs={"AccountId": f"a{k}"},
+        )
+        for k in range(n)
+    ]
+    parents = [
+        record_upsert(pack_id, namespace, "Account", f"a{k}", {"Name": f"Account {k}"}, refs={})
+        for k in range(n)
+    ]
+    return children, parents
+
+
+def work_states(engine: Engine) -> dict[str, int]:
+    """Work items by state, counted in the database."""
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        return {
+            str(state): int(n)
+            for state, n in conn.execute(select(w.c.State, func.count()).group_by(w.c.State))
+        }
+
+
+def applied_twice(engine: Engine) -> list[str]:
+    """Work ids with more than one ``succeeded`` attempt (an event applied twice)."""
+    a = t.connector_work_attempt
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(a.c.WorkId)
+                .where(a.c.OutcomeState == "succeeded")
+                .group_by(a.c.WorkId)
+                .having(func.count() > 1)
+            ).scalars()
+        )
+
+
+def last_phones(engine: Engine) -> dict[str, str]:
+    """``{Account Name: Phone}``: what :func:`account_versions` left in the database."""
+    with engine.connect() as conn:
+        return {str(n): str(p) for n, p in conn.execute(text("SELECT Name, Phone FROM Account"))}
 
 
 def hook_events(install_id: str, keys: list[str]) -> list[queue.EnqueueRequest]:

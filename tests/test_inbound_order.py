@@ -28,7 +28,7 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import dialect_name
 from nexuscrm.db.engine import make_engine
 from nexuscrm.errors import NexusError
-from tests.builders import SF_SYNC, install, record_upsert
+from tests.builders import SF_SYNC, children_and_parents, install, record_upsert
 
 W = t.connector_work_item
 
@@ -292,25 +292,11 @@ async def test_concurrent_batches_each_wake_their_own_children(synced) -> None:
     wakes them at once. A shared list let one batch wipe the other's links, and
     those children waited for a probe instead."""
     engine, pack = synced
-    children = [
-        record_upsert(
-            pack.install_id,
-            pack.namespace,
-            "Contact",
-            f"c{k}",
-            {"LastName": f"Child {k}", "AccountId": f"a{k}"},
-            refs={"AccountId": f"a{k}"},
-        )
-        for k in (1, 2)
-    ]
+    children, parents = children_and_parents(pack.install_id, pack.namespace, 2)
     queue.enqueue(engine, children)
     proc = Processor(engine, flow_deadline=None)
     blocked = proc.process(claim(engine, pack))
     assert len(blocked.blocked) == 2
-    parents = [
-        record_upsert(pack.install_id, pack.namespace, "Account", f"a{k}", {"Name": f"A{k}"})
-        for k in (1, 2)
-    ]
     queue.enqueue(engine, parents)
     batch_a = claim(engine, pack, batch_size=1)
     batch_b = claim(engine, pack, batch_size=1)

@@ -12,14 +12,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
-from tests.builders import SF_SYNC, cli_env, connector_settings, fast_fleet, install, record_upsert
+from tests.builders import (
+    SF_SYNC,
+    account_versions,
+    applied_twice,
+    cli_env,
+    connector_settings,
+    fast_fleet,
+    install,
+    last_phones,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,21 +79,7 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     records, versions = 100, 4
-    queue.enqueue(
-        engine,
-        [
-            record_upsert(
-                pack.install_id,
-                pack.namespace,
-                "Account",
-                f"acct{k}",
-                {"Name": f"Account {k}", "Phone": f"v{v}"},
-                key=f"acct{k}:v{v}",
-            )
-            for v in range(versions)
-            for k in range(records)
-        ],
-    )
+    queue.enqueue(engine, account_versions(pack.install_id, pack.namespace, records, versions))
     total = records * versions
     env = {
         **os.environ,
@@ -118,15 +113,8 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     assert done == total
     a = t.connector_work_attempt
     with engine.connect() as conn:
-        twice = conn.execute(
-            select(a.c.WorkId)
-            .where(a.c.OutcomeState == "succeeded")
-            .group_by(a.c.WorkId)
-            .having(func.count() > 1)
-        ).all()
         owners = conn.execute(
             select(func.count(func.distinct(a.c.WorkId))).where(a.c.OutcomeState == "succeeded")
         ).scalar_one()
-        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
-    assert twice == [] and owners == total
-    assert phones == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
+    assert applied_twice(engine) == [] and owners == total
+    assert last_phones(engine) == {f"Account {k}": f"v{versions - 1}" for k in range(records)}

@@ -9,7 +9,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm import catalog
@@ -23,12 +23,15 @@ from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 from tests.builders import (
     SF_SYNC,
+    account_versions,
+    applied_twice,
     apply_all,
     connector_settings,
     corpus_project,
     fast_fleet,
-    record_upsert,
+    last_phones,
     snapshot,
+    work_states,
 )
 from tests.faults.conftest import OwnMariaDB
 
@@ -90,18 +93,7 @@ async def test_mariadb_crash_during_inbound_processing(
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     records, versions = 300, 5
-    events = [
-        record_upsert(
-            pack.install_id,
-            pack.namespace,
-            "Account",
-            f"acct{k}",
-            {"Name": f"Account {k}", "Phone": f"v{v}"},
-            key=f"acct{k}:v{v}",
-        )
-        for v in range(versions)
-        for k in range(records)
-    ]
+    events = account_versions(pack.install_id, pack.namespace, records, versions)
     queue.enqueue(engine, events)
     total = len(events)
     catalog.CACHE.invalidate()
@@ -120,18 +112,6 @@ async def test_mariadb_crash_during_inbound_processing(
             await asyncio.sleep(0.2)
         await fleet.signal("stop")
         await fleet.result()
-    a, w = t.connector_work_attempt, t.connector_work_item
-    with engine.connect() as conn:
-        states: dict[str, int] = dict(
-            conn.execute(select(w.c.State, func.count()).group_by(w.c.State)).all()
-        )
-        applied_twice = conn.execute(
-            select(a.c.WorkId)
-            .where(a.c.OutcomeState == "succeeded")
-            .group_by(a.c.WorkId)
-            .having(func.count() > 1)
-        ).all()
-        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
-    assert states == {"succeeded": total}, states
-    assert applied_twice == []
-    assert phones == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
+    assert work_states(engine) == {"succeeded": total}
+    assert applied_twice(engine) == []
+    assert last_phones(engine) == {f"Account {k}": f"v{versions - 1}" for k in range(records)}

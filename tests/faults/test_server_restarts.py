@@ -8,18 +8,27 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import connect, start_fleet
 from nexusctl.worker import build_connector_worker
-from tests.builders import SF_SYNC, apply_all, connector_settings, fast_fleet, record_upsert
+from tests.builders import (
+    SF_SYNC,
+    account_versions,
+    applied_twice,
+    apply_all,
+    children_and_parents,
+    connector_settings,
+    fast_fleet,
+    last_phones,
+    work_states,
+)
 from tests.faults.conftest import OwnTemporal
 
 
@@ -31,10 +40,9 @@ class _Env:
 
 
 def states(engine: Engine) -> dict[str, int]:
-    w = t.connector_work_item
+    """Work items by state; ``{}`` while the database does not answer."""
     try:
-        with engine.connect() as conn:
-            return dict(conn.execute(select(w.c.State, func.count()).group_by(w.c.State)).all())
+        return work_states(engine)
     except SQLAlchemyError:
         return {}
 
@@ -47,19 +55,6 @@ async def wait_for(engine: Engine, done: Any, timeout: float) -> dict[str, int]:
             return now
         await asyncio.sleep(0.2)
     return states(engine)
-
-
-def applied_twice(engine: Engine) -> list[Any]:
-    a = t.connector_work_attempt
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                select(a.c.WorkId)
-                .where(a.c.OutcomeState == "succeeded")
-                .group_by(a.c.WorkId)
-                .having(func.count() > 1)
-            ).all()
-        )
 
 
 async def setup(own: OwnTemporal, settings: Settings) -> tuple[Settings, Any, Engine, Any]:
@@ -77,21 +72,7 @@ async def test_server_crash_during_inbound_processing(
 ) -> None:
     settings, client, engine, pack = await setup(own_temporal, settings)
     records, versions = 150, 4
-    queue.enqueue(
-        engine,
-        [
-            record_upsert(
-                pack.install_id,
-                pack.namespace,
-                "Account",
-                f"acct{k}",
-                {"Name": f"Account {k}", "Phone": f"v{v}"},
-                key=f"acct{k}:v{v}",
-            )
-            for v in range(versions)
-            for k in range(records)
-        ],
-    )
+    queue.enqueue(engine, account_versions(pack.install_id, pack.namespace, records, versions))
     total = records * versions
     async with build_connector_worker(client, settings):
         fleet = await start_fleet(client, settings, fast_fleet(settings))
@@ -103,9 +84,7 @@ async def test_server_crash_during_inbound_processing(
         await fleet.result()
     assert after == {"succeeded": total}
     assert applied_twice(engine) == []
-    with engine.connect() as conn:
-        phones: dict[str, str] = dict(conn.execute(text("SELECT Name, Phone FROM Account")).all())
-    assert phones == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
+    assert last_phones(engine) == {f"Account {k}": f"v{versions - 1}" for k in range(records)}
 
 
 async def test_server_crash_while_identity_waits_are_parked(
@@ -113,21 +92,7 @@ async def test_server_crash_while_identity_waits_are_parked(
 ) -> None:
     settings, client, engine, pack = await setup(own_temporal, settings)
     n = 60
-    children = [
-        record_upsert(
-            pack.install_id,
-            pack.namespace,
-            "Contact",
-            f"c{k}",
-            {"LastName": f"Child {k}", "AccountId": f"a{k}"},
-            refs={"AccountId": f"a{k}"},
-        )
-        for k in range(n)
-    ]
-    parents = [
-        record_upsert(pack.install_id, pack.namespace, "Account", f"a{k}", {"Name": f"A{k}"})
-        for k in range(n)
-    ]
+    children, parents = children_and_parents(pack.install_id, pack.namespace, n)
     async with build_connector_worker(client, settings):
         fleet = await start_fleet(client, settings, fast_fleet(settings))
         queue.enqueue(engine, children)
