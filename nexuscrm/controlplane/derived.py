@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, MetaData, Table, func, select, text
 
 from nexuscrm import catalog
-from nexuscrm.controlplane import lease, markers
+from nexuscrm.controlplane import lease, markers, viewdefs
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import create_or_replace_view, describe_error, dialect_name, quote
 from nexuscrm.db.dialect import table_names as physical_tables
@@ -170,6 +170,7 @@ def rebuild_derived(
                 )
             name = view_name(obj.api_name)
             create_or_replace_view(conn, name, select_)
+            viewdefs.record(conn, name, select_)  # what verify compares the view with
             result.views.append(name)
         # A full rebuild settles deferred-rebuild debt by definition, but only
         # on a lease-holding (fenced) path.

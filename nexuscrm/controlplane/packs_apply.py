@@ -78,7 +78,9 @@ def stored_app_packs(engine: Engine) -> list[PackManifest]:
         rows = conn.execute(
             select(t.installed_pack.c.Name, t.installed_pack.c.Payload, t.installed_pack.c.Source)
             .where(t.installed_pack.c.Category.in_([c.value for c in INSTALLED_CATEGORIES]))
-            .where(t.installed_pack.c.Status == "active")
+            # installing: applied by a run that failed before finalizing its
+            # packs (they go active only after the whole loop); resumed here.
+            .where(t.installed_pack.c.Status.in_(("active", "installing")))
         ).all()
     for row in rows:
         if not row.Payload:
@@ -313,13 +315,17 @@ def _pack_row_current(conn: Connection, pack: PackManifest, digest: str) -> bool
     )
 
 
-def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> PackApplyResult:
+def apply_pack(
+    engine: Engine, pack: PackManifest, epoch: int | None = None, *, finalize: bool = True
+) -> PackApplyResult:
     """Converge one pack: validate, tables/columns, metadata rows, pack row.
 
     AppPack: marked ``installing`` (with payload hash) before any change, then
-    ``active`` in the metadata transaction; on error ``failed`` with the error
-    and hash, and the error is re-raised as ``PackError`` naming the pack.
-    Raises ``LeaseLostError`` if a newer control-plane run owns the database.
+    ``active`` in the metadata transaction when ``finalize`` (``apply_packs``
+    passes False and finalizes every pack after the whole loop); on error
+    ``failed`` with the error and hash, and the error is re-raised as
+    ``PackError`` naming the pack. Raises ``LeaseLostError`` if a newer
+    control-plane run owns the database.
     """
     digest = payload_hash(pack)
     is_app = pack.category in INSTALLED_CATEGORIES
@@ -360,7 +366,8 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
                     t.field_meta,
                     [catalog.field_row(o.api_name, f, pack.name) for f in o.fields],
                 )
-            if not _pack_row_current(conn, pack, digest):
+            # App/connector packs of an apply_packs loop are finalized after it.
+            if (finalize or not is_app) and not _pack_row_current(conn, pack, digest):
                 _set_pack_row(conn, pack, "active", digest, None)
                 written += 1
             if written:
@@ -395,15 +402,47 @@ def apply_packs(
 ) -> list[PackApplyResult]:
     """Apply ``packs`` (already ordered) one by one; ``on_pack`` after each (heartbeat).
 
-    Stops at the first failing pack and raises its error.
+    Port of the seed's ``ApplyPacksWithOptions`` order: app and connector
+    packs stay ``installing`` while the loop runs and are finalized ``active``
+    together only after every pack applied (``finalizeAppliedAppPacks``), so
+    a failed run never leaves an earlier pack of it served. Stops at the first
+    failing pack and raises its error.
     """
     results = []
     for pack in packs:
-        result = apply_pack(engine, pack, epoch)
+        result = apply_pack(engine, pack, epoch, finalize=False)
         results.append(result)
         if on_pack is not None:
             on_pack(result)
+    finalize_applied_packs(engine, packs, epoch)
     return results
+
+
+def finalize_applied_packs(
+    engine: Engine, packs: Sequence[PackManifest], epoch: int | None = None
+) -> int:
+    """Port of ``finalizeAppliedAppPacks``: every applied app/connector pack -> ``active``.
+
+    One transaction, fenced by the lease; a row is finalized only when it is
+    still ``installing`` with this run's payload hash. Returns rows changed.
+    """
+    ip = t.installed_pack
+    changed = 0
+    with engine.begin() as conn:
+        lease.require(conn, epoch)
+        for pack in packs:
+            if pack.category not in INSTALLED_CATEGORIES:
+                continue
+            changed += conn.execute(
+                update(ip)
+                .where(ip.c.Name == pack.name)
+                .where(ip.c.Status == "installing")
+                .where(ip.c.PayloadHash == payload_hash(pack))
+                .values(Status="active", LastError=None, LastModifiedDate=utcnow())
+            ).rowcount
+        if changed:
+            catalog.bump_version(conn)
+    return changed
 
 
 def mark_pack_status(engine: Engine, name: str, status: str) -> None:
