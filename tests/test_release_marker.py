@@ -352,12 +352,13 @@ async def test_dev_sample_is_refused_in_production(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:
     env = cli_env(settings, temporal_env) | {"NEXUS_ENV": "production"}
-    cli = await invoke_async(["apply-all", "--dev-sample", "--wait"], env)
+    production = settings.model_copy(update={"env": "production"})
+    async with build_worker(temporal_env.client, production):
+        cli = await invoke_async(["apply-all", "--dev-sample", "--wait"], env)
     assert cli.exit_code == 1, cli.output
     assert "--dev-sample" in cli.output and "NEXUS_ENV=production" in cli.output
 
     # The same input from the temporal CLI: the worker refuses it.
-    production = settings.model_copy(update={"env": "production"})
     message = await failure(temporal_env, production, include_dev_sample=True)
     assert "NEXUS_ENV=production" in message and "--dev-sample" in message
     engine = make_engine(settings.database_url)
