@@ -169,6 +169,8 @@ def rebuild_derived(
                     reason=issue.reason,
                 )
             name = view_name(obj.api_name)
+            # Again per view: on the MySQL family each CREATE VIEW commits.
+            lease.require(conn, epoch)
             create_or_replace_view(conn, name, select_)
             viewdefs.record(conn, name, select_)  # what verify compares the view with
             result.views.append(name)

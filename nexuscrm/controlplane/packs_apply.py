@@ -244,19 +244,23 @@ def _merged_spec(cat: catalog.Catalog, o: ObjectSpec) -> ObjectSpec:
     return base.model_copy(update={"fields": tuple(fields.values()), "extends": False})
 
 
-def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
+def converge_table(engine: Engine, spec: ObjectSpec, epoch: int | None = None) -> tuple[int, int]:
     """Create the object's table or add its missing columns; return (created, added).
 
     Columns are only ever added (as the seed's additive schema bootstrap);
-    a column a pack no longer declares is kept with its data.
+    a column a pack no longer declares is kept with its data. The DDL runs
+    after a lease check in its transaction (``LeaseLostError`` when fenced).
     """
     dialect = dialect_name(engine)
     if spec.api_name not in physical_tables(engine):
-        catalog.object_table(spec, dialect, MetaData()).create(engine)
+        with engine.begin() as conn:
+            lease.require(conn, epoch)
+            catalog.object_table(spec, dialect, MetaData()).create(conn)
         return 1, 0
     have = {c["name"].lower() for c in inspect(engine).get_columns(spec.api_name)}
     added = 0
     with engine.begin() as conn:
+        lease.require(conn, epoch)
         for f in spec.fields:
             for col in f.column_names():
                 if col.lower() in have:
@@ -348,7 +352,7 @@ def apply_pack(
         for o in pack.objects:
             if o.kind == "event":
                 continue
-            c, a = converge_table(engine, _merged_spec(cat, o))
+            c, a = converge_table(engine, _merged_spec(cat, o), epoch)
             created += c
             added += a
         if created or added:
