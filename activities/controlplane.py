@@ -34,10 +34,12 @@ from nexuscrm.controlplane import (
     markers,
     metadata,
     packs_apply,
+    release,
     repair,
     rowsize,
     verify,
 )
+from nexuscrm.cutover import CUTOVER_COMPLETED, CUTOVER_RECEIPT_KEY, ensure_cutover_receipt
 from nexuscrm.errors import FatalError, VerifyError
 from nexuscrm.log import logged_phase
 from nexuscrm.packs.model import Category
@@ -52,7 +54,24 @@ class ControlPlaneActivities:
         self.settings = settings
 
     def _dev_sample(self, requested: bool | None) -> bool:
+        """DevSample for this run: off in production, whatever was asked (fail closed)."""
+        if requested and self.settings.is_production:
+            raise FatalError(
+                f"include_dev_sample=true (--dev-sample) is refused in production "
+                f"(NEXUS_ENV={self.settings.env}): the DevSample pack never applies there"
+            )
         return (not self.settings.is_production) if requested is None else requested
+
+    def _require_this_database(self) -> None:
+        """Refuse (non-retryable) a run whose workflow id names another database."""
+        expected = self.settings.controlplane_workflow_id
+        running = activity.info().workflow_id
+        if running != expected:
+            raise FatalError(
+                f"this worker serves database {self.settings.database_id} (workflow id "
+                f"{expected}); refusing workflow {running}: start it with the id {expected}, "
+                "or run a worker with that database's NEXUS_DATABASE_URL / NEXUS_DATABASE_ID"
+            )
 
     @activity.defn(name="controlplane.acquire_lease")
     @fatal_is_final
@@ -63,14 +82,7 @@ class ControlPlaneActivities:
         run whose id names another database is refused (non-retryable) so it
         can never converge the wrong database. Creates the system schema first.
         """
-        expected = self.settings.controlplane_workflow_id
-        running = activity.info().workflow_id
-        if running != expected:
-            raise FatalError(
-                f"this worker serves database {self.settings.database_id} (workflow id "
-                f"{expected}); refusing workflow {running}: start it with the id {expected}, "
-                "or run a worker with that database's NEXUS_DATABASE_URL / NEXUS_DATABASE_ID"
-            )
+        self._require_this_database()
         metadata.ensure_system_schema(self.engine)
         return lease.acquire(self.engine, req.run_id, req.operation)
 
@@ -79,13 +91,24 @@ class ControlPlaneActivities:
     def classify_auto_start(self, req: PlanRequest) -> AutoStartDecisionInfo:
         """Port of ApplyAllIfNeeded's classification, plus pack drift and rebuild debt.
 
-        A completed marker is trusted only when no planned pack differs from
-        what is installed (the seed's pending source-revision plan) and no
-        formula-view rebuild is owed.
+        Read-only (it runs before the lease is taken, so a halted or skipped
+        auto-start writes nothing; a missing table reads as "not there"). A
+        completed marker is trusted only when the completed-marker preflight
+        passes (it proves this release, the system schema and stamped steps
+        are complete, connector dependency identities and the WorkItem-only
+        cutover hold: ``release.completed_marker_preflight``), no planned pack
+        differs from what is installed (the seed's pending source-revision
+        plan) and no formula-view rebuild is owed.
         """
+        self._require_this_database()
         decision = markers.classify_auto_start(self.engine)
         if decision.action != markers.AutoStartAction.skip:
             return AutoStartDecisionInfo(decision.action.value, decision.reason)
+        preflight = release.completed_marker_preflight(self.engine)
+        if preflight:
+            return AutoStartDecisionInfo(
+                "apply", f"completed marker not trusted by this release: {'; '.join(preflight[:3])}"
+            )
         if markers.rebuild_owed(self.engine):
             return AutoStartDecisionInfo(
                 "halt_for_migration",
@@ -110,7 +133,33 @@ class ControlPlaneActivities:
             status = markers.MarkerStatus(req.phase)
             # completed is written in the transaction that checks the lease: no
             # finalization-ready window to recover (see nexuscrm.controlplane.markers).
-            markers.mark(conn, status, req.run_id, req.operation, req.error)
+            # A completed marker records the release it proves (auto-start's preflight).
+            proof = (
+                release.release_fingerprint() if status == markers.MarkerStatus.completed else None
+            )
+            markers.mark(conn, status, req.run_id, req.operation, req.error, proof)
+
+    @activity.defn(name="controlplane.verify_cutover")
+    @fatal_is_final
+    def verify_cutover(self, req: PhaseRequest) -> str:
+        """WorkItem-only cutover precondition, fail closed (``VerifyConnectorExecutionProtocols``).
+
+        Runs after apply-packs: re-evaluates the receipt (the packs may have
+        completed the claim schema since RunRepair wrote it ``pending``) and
+        raises ``FatalError`` naming the reason while it is not ``completed``,
+        so ApplyAll never completes (and auto-start never skips) past it.
+        """
+        with self.engine.begin() as conn:
+            lease.require(conn, req.epoch)
+            ensure_cutover_receipt(conn)
+            receipt = markers.read(conn, CUTOVER_RECEIPT_KEY)
+        if receipt is None or receipt.status != CUTOVER_COMPLETED:
+            why = receipt.last_error if receipt is not None else "no receipt"
+            raise FatalError(
+                f"WorkItem-only connector cutover is pending ({CUTOVER_RECEIPT_KEY}): {why}; "
+                "not completing ApplyAll"
+            )
+        return "WorkItem-only cutover receipt completed"
 
     @activity.defn(name="controlplane.plan_packs")
     @fatal_is_final
@@ -223,7 +272,10 @@ class ControlPlaneActivities:
         """Verify; any finding raises ``VerifyError`` (non-retryable) listing them."""
         with logged_phase("ApplyAll", "verify"):
             findings = verify.verify(
-                self.engine, req.expected_hashes, check_indexes=req.check_indexes
+                self.engine,
+                req.expected_hashes,
+                check_indexes=req.check_indexes,
+                check_view_definitions=not req.views_deferred,
             )
         if findings:
             raise VerifyError(findings)
@@ -235,6 +287,7 @@ class ControlPlaneActivities:
             self.acquire_lease,
             self.classify_auto_start,
             self.mark,
+            self.verify_cutover,
             self.plan_packs,
             self.apply_metadata,
             self.run_repair,

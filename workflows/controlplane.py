@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from nexuscrm.contracts.gates import RebuildRequest
 
-from workflows.apply_all_gates import ApplyAllGateSteps, apply_all_phases
+from workflows.apply_all_gates import POLICIES, ApplyAllGateSteps, apply_all_phases
 
 PHASE_KEY = SearchAttributeKey.for_keyword("NexusPhase")
 DATABASE_KEY = SearchAttributeKey.for_keyword("NexusDatabase")
@@ -136,6 +136,11 @@ class _PhaseRunner:
             workflow.logger.error("could not persist failed marker: %s", _cause(err))
 
     async def _start(self, heartbeat_s: float) -> None:
+        self._begin(heartbeat_s)
+        await self._acquire()
+
+    def _begin(self, heartbeat_s: float) -> None:
+        """Run id, heartbeat timeout and search attributes: no activity, nothing written."""
         problem = heartbeat_timeout_problem(heartbeat_s)
         if problem:  # before any command: an unschedulable phase would hold the database
             raise ApplicationError(problem, non_retryable=True)
@@ -145,6 +150,9 @@ class _PhaseRunner:
         workflow.upsert_search_attributes(
             [OPERATION_KEY.value_set(self.operation), DATABASE_KEY.value_set(database_id)]
         )
+
+    async def _acquire(self) -> None:
+        """acquire-lease: create the system schema if needed, take a new lease epoch."""
         self.epoch = await self._phase(
             "acquire-lease",
             ControlPlaneActivities.acquire_lease,
@@ -191,6 +199,13 @@ class _PhaseRunner:
         except Exception as err:  # no fleet running: it reconciles when it starts
             workflow.logger.info("connector fleet not signalled: %s", err)
 
+    async def _verify_cutover(self) -> None:
+        """The WorkItem-only cutover precondition after apply-packs (seed order), fail closed."""
+        if workflow.patched(CUTOVER_PRECONDITION_PATCH):
+            await self._phase("verify-cutover", ControlPlaneActivities.verify_cutover, self._req())
+        elif "verify-cutover" in self.phases:
+            self.phases["verify-cutover"].status = "skipped"
+
     async def _invalidate(self) -> None:
         """withControlPlaneMutationLock: a sibling mutation invalidates the completed marker."""
         await self._phase(
@@ -198,15 +213,22 @@ class _PhaseRunner:
         )
 
 
+# Patch ids (tests/test_replay.py replays histories recorded before them).
+CLASSIFY_FIRST_PATCH = "controlplane-classify-before-lease"
+"""auto_start classifies read-only before acquire-lease; the policy is checked first."""
+CUTOVER_PRECONDITION_PATCH = "controlplane-cutover-precondition"
+"""verify-cutover after apply-packs (ApplyAll, ApplySourceConvergence)."""
+
 APPLY_ALL_PHASES = [
-    "acquire-lease",
     "classify",
+    "acquire-lease",
     "mark-running",
     "plan-packs",
     "apply-metadata",
     "run-repair",
     "runner-init",
     "apply-packs",
+    "verify-cutover",
     "rebuild-derived",
     "ensure-indexes",
     "verify",
@@ -218,11 +240,12 @@ APPLY_ALL_PHASES = [
 class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
     """Port of ``ApplyAllWithOptions`` / ``ApplyAllIfNeededWithOptions``.
 
-    Phases (activities): acquire-lease, [rebuild-debt-entry-gate,
-    classify | classify-candidate], [defer-precondition, mark-rebuild-owed],
-    mark-running, plan-packs, apply-metadata, run-repair (fail closed on
-    convergence-critical steps), runner-init, apply-packs (or
-    apply-candidate-delta), rebuild-derived, ensure-indexes, verify,
+    Phases (activities): [rebuild-debt-entry-gate, classify |
+    classify-candidate] (read-only, before the lease), acquire-lease,
+    [defer-precondition, mark-rebuild-owed], mark-running, plan-packs,
+    apply-metadata, run-repair (fail closed on convergence-critical steps),
+    runner-init, apply-packs (or apply-candidate-delta), verify-cutover,
+    rebuild-derived, ensure-indexes, verify,
     final-verify, the completion gates, [restamp-rebuild-owed],
     mark-completed, [rebuild-debt-final-gate]. Any phase failure stamps the
     failed marker with the error and fails the workflow (``PhaseFailed``).
@@ -239,7 +262,19 @@ class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
     @workflow.run
     async def run(self, inp: ApplyAllInput) -> ApplyAllResult:
         """Run ApplyAll; returns the report, or fails with the phase and error."""
-        await self._start(inp.heartbeat_timeout_seconds)
+        classify_first = workflow.patched(CLASSIFY_FIRST_PATCH)
+        if classify_first:
+            # Decide before writing: the policy first, then read-only gates and
+            # classification; only an apply takes the lease (and creates schema).
+            if inp.policy not in POLICIES:
+                raise ApplicationError(
+                    f"unknown policy {inp.policy!r} (use one of {', '.join(POLICIES)})",
+                    type="UnknownPolicy",
+                    non_retryable=True,
+                )
+            self._begin(inp.heartbeat_timeout_seconds)
+        else:
+            await self._start(inp.heartbeat_timeout_seconds)
         sources = self._gates_begin(inp)
         delta: list[str] | None = None
         if self.gated and inp.policy == "auto_start":
@@ -269,6 +304,8 @@ class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
                 self._halt(decision.reason)
         elif "classify" in self.phases:
             self.phases["classify"].status = "skipped"
+        if classify_first:
+            await self._acquire()
         if self.gated and inp.defer_formula_view_rebuild:
             await self._defer_entry()
         # Write-ahead: running is stamped before any mutation; from here on a
@@ -289,6 +326,7 @@ class ApplyAllWorkflow(ApplyAllGateSteps, _PhaseRunner):
             )
             await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
             await self._apply_packs(sources, inp.include_dev_sample)
+            await self._verify_cutover()
         self.formula_problems = await self._phase(
             "rebuild-derived",
             ControlPlaneActivities.rebuild_derived,
@@ -421,7 +459,7 @@ class ApplySourceConvergenceWorkflow(_PhaseRunner):
     def __init__(self, inp: OperationInput) -> None:
         self._init_phases(
             ["acquire-lease", "invalidate-marker", "plan-packs", "apply-metadata", "run-repair",
-             "runner-init", "apply-packs", "rebuild-derived", "ensure-indexes"]
+             "runner-init", "apply-packs", "verify-cutover", "rebuild-derived", "ensure-indexes"]
         )  # fmt: skip
 
     @workflow.run
@@ -438,11 +476,14 @@ class ApplySourceConvergenceWorkflow(_PhaseRunner):
         )
         await self._phase("runner-init", ControlPlaneActivities.runner_init, self._req())
         await self._apply_packs(inp.app_pack_sources, inp.include_dev_sample)
+        await self._verify_cutover()
         self.formula_problems = await self._phase(
             "rebuild-derived", ControlPlaneActivities.rebuild_derived, self._req()
         )
         await self._phase("ensure-indexes", ControlPlaneActivities.ensure_indexes, self._req())
-        return self._result("completed", "source convergence done; not marked bootstrapped")
+        # A partial apply is never completed: the marker stays invalidated and
+        # the CLI exits non-zero on this status (as the seed's cmd/setup does).
+        return self._result("partial", "source convergence done; not marked bootstrapped")
 
 
 @workflow.defn(name="InitL0")

@@ -169,7 +169,9 @@ class AutoStartDecisionInfo:
 class ApplyAllResult:
     """Outcome of an ApplyAll (or sibling) run.
 
-    status: completed | skipped. (A failed run fails the workflow instead.)
+    status: completed | skipped | partial (ApplySourceConvergence: converged
+    but never marked completed; the CLI exits non-zero). A failed run fails
+    the workflow instead.
     """
 
     status: str

@@ -42,7 +42,7 @@ import yaml
 from sqlalchemy import Engine, select
 
 from nexuscrm.contracts.candidate import CandidatePack, CandidateSpec
-from nexuscrm.controlplane import markers, verify
+from nexuscrm.controlplane import markers, release, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.errors import FatalError
@@ -207,6 +207,13 @@ def classify(
         return APPLY, f"the exact candidate performs the required migration ({decision.reason})", []
     if decision.action != markers.AutoStartAction.skip:
         return APPLY, decision.reason, []
+    preflight = release.completed_marker_preflight(engine)
+    if preflight:
+        return (
+            APPLY,
+            f"completed marker not trusted by this release: {'; '.join(preflight[:3])}",
+            [],
+        )
     if markers.rebuild_owed(engine):
         return (
             APPLY,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, MetaData, Table, func, select, text
 
 from nexuscrm import catalog
-from nexuscrm.controlplane import lease, markers
+from nexuscrm.controlplane import lease, markers, viewdefs
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import (
     create_or_replace_view,
@@ -232,6 +232,8 @@ def _try_view(
             table = Table(table_name, MetaData(), autoload_with=conn)
             select_, problems = build_view_select(spec, table, dialect)
             create_or_replace_view(conn, view_name(spec.api_name), select_)
+            # What verify compares the view with (the last accepted build wins).
+            viewdefs.record(conn, view_name(spec.api_name), select_)
     except FatalError:
         raise
     except Exception as exc:

@@ -3,16 +3,19 @@
 Temporal's one-workflow-id-per-database rule replaces the seed's
 ``GET_LOCK('nexuscrm_controlplane_apply')``; this row adds the fence the
 advisory lock's keepalive gave: each control-plane workflow run takes a new
-epoch first, and every mutating activity checks that epoch before it writes,
-so a zombie activity of a terminated run fails closed (``LeaseLostError``).
+epoch first, and every mutating activity checks that epoch with a locking
+read in the transaction of the write it guards, so a zombie activity of a
+terminated run fails closed (``LeaseLostError``) and never writes after a
+newer run took the lease.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, select, update
 
 from nexuscrm.clock import utcnow
 from nexuscrm.db import tables as t
+from nexuscrm.db.dialect import dialect_name
 from nexuscrm.errors import LeaseLostError
 
 LEASE_KEY = "controlplane"
@@ -60,16 +63,29 @@ def acquire(engine: Engine, holder: str, operation: str) -> int:
 
 
 def require(conn: Connection, epoch: int | None) -> None:
-    """Fail closed unless ``epoch`` is still the current lease epoch.
+    """Fail closed unless ``epoch`` is still the current lease epoch; hold it until commit.
+
+    A locking read in the caller's transaction, so the check and the write it
+    guards are atomic: MySQL family ``SELECT ... FOR UPDATE`` on the lease row;
+    SQLite takes the database write lock first (a no-op ``UPDATE`` of the lease
+    row, the effect of ``BEGIN IMMEDIATE``). A newer run's :func:`acquire`
+    therefore waits until this transaction ends, and a zombie activity of a
+    terminated run that checks after it is refused. Call it first in the
+    transaction of each guarded write. (DDL on the MySQL family commits
+    implicitly, so a check before DDL only guards up to that statement.)
 
     ``epoch=None`` means the caller runs outside a workflow (a direct call
     from tests or tools) and skips the fence. Raises ``LeaseLostError``.
     """
     if epoch is None:
         return
-    current = conn.execute(
-        select(t.controlplane_lease.c.Epoch).where(t.controlplane_lease.c.LeaseKey == LEASE_KEY)
-    ).scalar_one_or_none()
+    lt = t.controlplane_lease
+    query = select(lt.c.Epoch).where(lt.c.LeaseKey == LEASE_KEY)
+    if dialect_name(conn) == "sqlite":
+        conn.execute(update(lt).where(lt.c.LeaseKey == LEASE_KEY).values(Epoch=lt.c.Epoch))
+    else:
+        query = query.with_for_update()
+    current = conn.execute(query).scalar_one_or_none()
     if current != epoch:
         raise LeaseLostError(
             f"control-plane lease epoch is {current}, this run holds {epoch}: "

@@ -52,41 +52,60 @@ class Marker:
 
 
 def _write(
-    conn: Connection, key: str, run_id: str, phase: str, status: str, error: str | None
+    conn: Connection,
+    key: str,
+    run_id: str,
+    phase: str,
+    status: str,
+    error: str | None,
+    proof: str | None = None,
 ) -> None:
     now = utcnow()
-    upsert(
-        conn,
-        t.bootstrap_state,
-        [
-            {
-                "StateKey": key,
-                "RunID": run_id,
-                "Phase": phase,
-                "Status": status,
-                "LastError": error,
-                "CreatedDate": now,
-                "LastModifiedDate": now,
-            }
-        ],
-        ["RunID", "Phase", "Status", "LastError", "LastModifiedDate"],
-    )
+    row: dict[str, object] = {
+        "StateKey": key,
+        "RunID": run_id,
+        "Phase": phase,
+        "Status": status,
+        "LastError": error,
+        "CreatedDate": now,
+        "LastModifiedDate": now,
+    }
+    update = ["RunID", "Phase", "Status", "LastError", "LastModifiedDate"]
+    if proof is not None:
+        # Only the completed marker carries a proof; the column may not exist
+        # yet when an older release's database is marked running.
+        row["Proof"] = proof
+        update.append("Proof")
+    upsert(conn, t.bootstrap_state, [row], update)
 
 
 def mark(
-    conn: Connection, status: MarkerStatus, run_id: str, phase: str, error: str | None = None
+    conn: Connection,
+    status: MarkerStatus,
+    run_id: str,
+    phase: str,
+    error: str | None = None,
+    proof: str | None = None,
 ) -> None:
-    """Set the ApplyAll marker (write-ahead: the caller commits before mutating)."""
-    _write(conn, APPLY_ALL_KEY, run_id, phase, status.value, error)
+    """Set the ApplyAll marker (write-ahead: the caller commits before mutating).
+
+    ``proof``: the release fingerprint a completed marker proves
+    (``nexuscrm.controlplane.release``); only a completed marker carries one.
+    """
+    _write(conn, APPLY_ALL_KEY, run_id, phase, status.value, error, proof)
 
 
 def read(bind: Connection | Engine, key: str = APPLY_ALL_KEY) -> Marker | None:
     """Read one marker; ``None`` when the row or the table itself is absent."""
     if t.bootstrap_state.name not in table_names(bind):
         return None
+    # Named columns: a database of an older release may lack newer ones (Proof).
+    b = t.bootstrap_state.c
     with bind.connect() if isinstance(bind, Engine) else _nullctx(bind) as conn:
         row = (
-            conn.execute(select(t.bootstrap_state).where(t.bootstrap_state.c.StateKey == key))
+            conn.execute(
+                select(b.StateKey, b.RunID, b.Phase, b.Status, b.LastError).where(b.StateKey == key)
+            )
             .mappings()
             .first()
         )

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, inspect
 
 from nexuscrm import catalog
 from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import after_ddl, table_names
+from nexuscrm.db.dialect import after_ddl, quote, render_type, table_names
 from nexuscrm.log import log
 from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec
 
@@ -27,13 +27,59 @@ class MetadataResult:
 
 
 def ensure_system_schema(engine: Engine) -> int:
-    """Create missing ``_System_*`` tables (port of EnsureL0SchemaDDL); return how many."""
+    """Create missing ``_System_*`` tables and add their missing columns.
+
+    Port of EnsureL0SchemaDDL plus the seed's managed-column reconcile: a
+    system table an older release created lacks the columns this release
+    added; each is added with an idempotent ``ALTER TABLE ... ADD COLUMN``
+    (SQLite and the MySQL family). Returns how many tables and columns were
+    created; reconnects after DDL (TiDB caches the schema per session).
+    """
     before = table_names(engine)
     t.system_metadata.create_all(engine, checkfirst=True)
     created = len({tb.name for tb in t.SYSTEM_TABLES} - before)
+    with engine.begin() as conn:
+        created += add_missing_system_columns(conn)
     # TiDB caches the schema per session: reconnect after DDL, as the seed does.
     after_ddl(engine)
     return created
+
+
+def add_missing_system_columns(conn: Connection) -> int:
+    """Add every column of ``nexuscrm.db.tables`` an existing system table lacks.
+
+    Idempotent (a converged database sees no DDL). A NOT NULL column with a
+    scalar default is added NOT NULL DEFAULT that value; any other column is
+    added nullable (SQLite cannot add a NOT NULL column without a default).
+    Returns how many columns were added.
+    """
+    changed = 0
+    existing_tables = table_names(conn)
+    for table in t.SYSTEM_TABLES:
+        if table.name not in existing_tables:
+            continue
+        have = {c["name"].lower() for c in inspect(conn).get_columns(table.name)}
+        for col in table.columns:
+            if col.name.lower() in have:
+                continue
+            ddl = f"ALTER TABLE {quote(conn, table.name)} ADD COLUMN {quote(conn, col.name)} " + (
+                render_type(conn, col.type)
+            )
+            if col.default is not None and getattr(col.default, "is_scalar", False):
+                default = col.default.arg  # type: ignore[attr-defined]
+                ddl += f" NOT NULL DEFAULT {_sql_literal(default)}" if not col.nullable else ""
+            conn.exec_driver_sql(ddl)
+            changed += 1
+            log.info("added managed column", table=table.name, column=col.name)
+    return changed
+
+
+def _sql_literal(v: object) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int | float):
+        return str(v)
+    return "'" + str(v).replace("'", "''") + "'"
 
 
 def system_object_rows() -> tuple[list[dict[str, object]], list[dict[str, object]]]:

@@ -98,7 +98,9 @@ def stored_app_packs(engine: Engine) -> list[PackManifest]:
         rows = conn.execute(
             select(t.installed_pack.c.Name, t.installed_pack.c.Payload, t.installed_pack.c.Source)
             .where(t.installed_pack.c.Category.in_([c.value for c in INSTALLED_CATEGORIES]))
-            .where(t.installed_pack.c.Status == "active")
+            # installing: applied by a run that failed before finalizing its
+            # packs (they go active only after the whole loop); resumed here.
+            .where(t.installed_pack.c.Status.in_(("active", "installing")))
         ).all()
     for row in rows:
         if not row.Payload:
@@ -210,20 +212,24 @@ def _merged_spec(
     )  # fmt: skip
 
 
-def converge_table(engine: Engine, spec: ObjectSpec) -> tuple[int, int]:
+def converge_table(engine: Engine, spec: ObjectSpec, epoch: int | None = None) -> tuple[int, int]:
     """Create the object's table or add its missing columns; return (created, added).
 
     Columns are only ever added (as the seed's additive schema bootstrap);
-    a column a pack no longer declares is kept with its data.
+    a column a pack no longer declares is kept with its data. The DDL runs
+    after a lease check in its transaction (``LeaseLostError`` when fenced).
     """
     dialect = dialect_name(engine)
     if spec.api_name not in physical_tables(engine):
-        catalog.object_table(spec, dialect, MetaData()).create(engine)
+        with engine.begin() as conn:
+            lease.require(conn, epoch)
+            catalog.object_table(spec, dialect, MetaData()).create(conn)
         return 1, 0
     reflected = {c["name"].lower(): c["type"] for c in inspect(engine).get_columns(spec.api_name)}
     text = rowsize_text_columns(engine, spec, reflected)
     added = 0
     with engine.begin() as conn:
+        lease.require(conn, epoch)
         for f in spec.fields:
             for col in f.column_names():
                 if col.lower() in reflected:
@@ -338,13 +344,17 @@ def _pack_row_current(conn: Connection, pack: PackManifest, digest: str) -> bool
     )
 
 
-def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> PackApplyResult:
+def apply_pack(
+    engine: Engine, pack: PackManifest, epoch: int | None = None, *, finalize: bool = True
+) -> PackApplyResult:
     """Converge one pack: validate, tables/columns, metadata rows, pack row.
 
     AppPack: marked ``installing`` (with payload hash) before any change, then
-    ``active`` in the metadata transaction; on error ``failed`` with the error
-    and hash, and the error is re-raised as ``PackError`` naming the pack.
-    Raises ``LeaseLostError`` if a newer control-plane run owns the database.
+    ``active`` in the metadata transaction when ``finalize`` (``apply_packs``
+    passes False and finalizes every pack after the whole loop); on error
+    ``failed`` with the error and hash, and the error is re-raised as
+    ``PackError`` naming the pack. Raises ``LeaseLostError`` if a newer
+    control-plane run owns the database.
     """
     digest = payload_hash(pack)
     is_app = pack.category in INSTALLED_CATEGORIES
@@ -370,7 +380,7 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
             if o.kind == "event":
                 continue
             extra = res.fields[len(o.fields) :]
-            c, a = converge_table(engine, _merged_spec(cat, o, res.own, extra))
+            c, a = converge_table(engine, _merged_spec(cat, o, res.own, extra), epoch)
             created += c
             added += a
         if created or added:
@@ -394,7 +404,8 @@ def apply_pack(engine: Engine, pack: PackManifest, epoch: int | None = None) -> 
                     written += sync_records(
                         conn, _merged_spec(cat, o, res.own, res.fields), o.records
                     )
-            if not _pack_row_current(conn, pack, digest):
+            # App/connector packs of an apply_packs loop are finalized after it.
+            if (finalize or not is_app) and not _pack_row_current(conn, pack, digest):
                 _set_pack_row(conn, pack, "active", digest, None)
                 written += 1
             if written:
@@ -429,15 +440,47 @@ def apply_packs(
 ) -> list[PackApplyResult]:
     """Apply ``packs`` (already ordered) one by one; ``on_pack`` after each (heartbeat).
 
-    Stops at the first failing pack and raises its error.
+    Port of the seed's ``ApplyPacksWithOptions`` order: app and connector
+    packs stay ``installing`` while the loop runs and are finalized ``active``
+    together only after every pack applied (``finalizeAppliedAppPacks``), so
+    a failed run never leaves an earlier pack of it served. Stops at the first
+    failing pack and raises its error.
     """
     results = []
     for pack in packs:
-        result = apply_pack(engine, pack, epoch)
+        result = apply_pack(engine, pack, epoch, finalize=False)
         results.append(result)
         if on_pack is not None:
             on_pack(result)
+    finalize_applied_packs(engine, packs, epoch)
     return results
+
+
+def finalize_applied_packs(
+    engine: Engine, packs: Sequence[PackManifest], epoch: int | None = None
+) -> int:
+    """Port of ``finalizeAppliedAppPacks``: every applied app/connector pack -> ``active``.
+
+    One transaction, fenced by the lease; a row is finalized only when it is
+    still ``installing`` with this run's payload hash. Returns rows changed.
+    """
+    ip = t.installed_pack
+    changed = 0
+    with engine.begin() as conn:
+        lease.require(conn, epoch)
+        for pack in packs:
+            if pack.category not in INSTALLED_CATEGORIES:
+                continue
+            changed += conn.execute(
+                update(ip)
+                .where(ip.c.Name == pack.name)
+                .where(ip.c.Status == "installing")
+                .where(ip.c.PayloadHash == payload_hash(pack))
+                .values(Status="active", LastError=None, LastModifiedDate=utcnow())
+            ).rowcount
+        if changed:
+            catalog.bump_version(conn)
+    return changed
 
 
 def mark_pack_status(engine: Engine, name: str, status: str) -> None:

@@ -19,10 +19,10 @@ from sqlalchemy import Connection, Engine, delete, inspect, select, update
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
-from nexuscrm.controlplane import lease
+from nexuscrm.controlplane import lease, metadata
 from nexuscrm.cutover import ensure_cutover_receipt
 from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import after_ddl, describe_error, quote, render_type, table_names
+from nexuscrm.db.dialect import after_ddl, describe_error
 from nexuscrm.errors import LeaseLostError, RepairError
 from nexuscrm.log import log
 from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec, validate_identifier
@@ -174,34 +174,12 @@ def _valid_name(name: str) -> bool:
 
 
 def reconcile_managed_table_columns(conn: Connection) -> int:
-    """Add system-table columns an older release did not have (warm upgrade)."""
-    changed = 0
-    existing_tables = table_names(conn)
-    for table in t.SYSTEM_TABLES:
-        if table.name not in existing_tables:
-            continue
-        have = {c["name"] for c in inspect(conn).get_columns(table.name)}
-        for col in table.columns:
-            if col.name in have:
-                continue
-            ddl = f"ALTER TABLE {quote(conn, table.name)} ADD COLUMN {quote(conn, col.name)} " + (
-                render_type(conn, col.type)
-            )
-            if col.default is not None and getattr(col.default, "is_scalar", False):
-                default = col.default.arg  # type: ignore[attr-defined]
-                ddl += f" NOT NULL DEFAULT {_sql_literal(default)}" if not col.nullable else ""
-            conn.exec_driver_sql(ddl)
-            changed += 1
-            log.info("repair: added managed column", table=table.name, column=col.name)
-    return changed
+    """Add system-table columns an older release did not have (warm upgrade).
 
-
-def _sql_literal(v: object) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int | float):
-        return str(v)
-    return "'" + str(v).replace("'", "''") + "'"
+    The same reconcile ``ensure_system_schema`` runs (ApplyMetadata); kept as
+    a step so a RunRepair alone converges the columns too.
+    """
+    return metadata.add_missing_system_columns(conn)
 
 
 def migrate_pack_install_id_backfill(conn: Connection) -> int:

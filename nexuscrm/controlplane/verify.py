@@ -1,4 +1,5 @@
-"""Verify: metadata against physical tables, views readable, indexes present,
+"""Verify: metadata against physical tables, views readable and built as the
+formula compiler builds them now (``viewdefs``), indexes present,
 active packs' payload hashes. Any finding fails the apply (port of the seed's
 readiness ``Verify``; read-only).
 """
@@ -26,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeEngine
 
 from nexuscrm import catalog
+from nexuscrm.controlplane import viewdefs
 from nexuscrm.controlplane.indexes import standard_indexes
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import index_names, quote
@@ -44,13 +46,19 @@ from nexuscrm.packs.model import (
 
 
 def verify(
-    engine: Engine, expected_hashes: dict[str, str] | None = None, *, check_indexes: bool = True
+    engine: Engine,
+    expected_hashes: dict[str, str] | None = None,
+    *,
+    check_indexes: bool = True,
+    check_view_definitions: bool = True,
 ) -> list[str]:
     """Return findings (empty when converged); each names the object, view, index or pack.
 
     ``expected_hashes`` maps pack name -> payload hash this apply planned;
     each must be installed ``active`` with exactly that hash.
     ``check_indexes=False`` is VerifyL0: InitL0 builds no broad indexes.
+    ``check_view_definitions=False`` (a deferred formula-view rebuild: the
+    views are owed, not rebuilt) checks views exist and are readable only.
     """
     findings: list[str] = []
     cat = catalog.CACHE.get(engine)
@@ -83,6 +91,14 @@ def verify(
             try:
                 with engine.connect() as conn:
                     conn.execute(text(f"SELECT * FROM {quote(conn, vname)} LIMIT 1")).fetchall()
+                    # Readable is not enough: it must be what the compiler builds now.
+                    wrong = (
+                        viewdefs.check(conn, vname, obj.spec(), obj.table_name)
+                        if check_view_definitions
+                        else None
+                    )
+                if wrong is not None:
+                    findings.append(f"object {obj.api_name}: {wrong}")
             except Exception as exc:
                 findings.append(f"object {obj.api_name}: view {vname} is not readable: {exc}")
     have: dict[str, set[str]] = {}

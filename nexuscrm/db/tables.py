@@ -48,6 +48,9 @@ bootstrap_state = Table(
     Column("Phase", String(KEY), nullable=False, default=""),
     Column("Status", String(32), nullable=False, default=""),
     Column("LastError", Text, nullable=True),
+    # The completed ApplyAll marker's proof: the release fingerprint (system
+    # schema + repair steps) it converged to (nexuscrm.controlplane.release).
+    Column("Proof", Text, nullable=True),
     *_audit(),
 )
 
@@ -329,6 +332,18 @@ runtime_command = Table(
     *_audit(),
     UniqueConstraint("WorkId", name="uq_RuntimeCommand_Work"),
     Index("ix_RuntimeCommand_State", "State", "CreatedDate"),
+)
+
+# The definition each formula view was built with: the hash of the compiler's
+# SQL and the definition the database stored (read back right after CREATE),
+# so verify can tell a view replaced by hand from the one the compiler builds.
+derived_view = Table(
+    "_System_DerivedView",
+    system_metadata,
+    Column("ViewName", String(KEY), primary_key=True),
+    Column("SourceHash", String(64), nullable=False),
+    Column("Definition", LongText, nullable=True),
+    Column("LastModifiedDate", DateTime, nullable=True),
 )
 
 SYSTEM_TABLES: tuple[Table, ...] = tuple(system_metadata.sorted_tables)

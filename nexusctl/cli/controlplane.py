@@ -285,6 +285,7 @@ def apply_all(
 ) -> None:
     """Start ApplyAll on the configured database (a running worker does the work)."""
     settings = load_settings()
+    _refuse_dev_sample_in_production(settings, dev_sample)
     spec = load_candidate(candidate) if candidate is not None else None
     if spec is not None and app_pack:
         fail("give the app packs either with --app-pack or in the --candidate file, not both")
@@ -300,6 +301,15 @@ def apply_all(
     asyncio.run(run_operation(settings, "ApplyAll", arg, wait, attach=attach, attach_hint=True))
 
 
+def _refuse_dev_sample_in_production(settings: Settings, dev_sample: bool | None) -> None:
+    """``--dev-sample`` never forces the DevSample pack into production (fail closed)."""
+    if dev_sample and settings.is_production:
+        fail(
+            f"--dev-sample is refused in production (NEXUS_ENV={settings.env}): "
+            "the DevSample pack never applies there"
+        )
+
+
 def _operation(workflow: str, doc: str) -> Callable[..., None]:
     """The command that starts ``workflow`` (help text ``doc``)."""
 
@@ -309,8 +319,15 @@ def _operation(workflow: str, doc: str) -> Callable[..., None]:
         wait: Annotated[bool, typer.Option(help="Wait and show progress.")] = False,
     ) -> None:
         settings = load_settings()
+        _refuse_dev_sample_in_production(settings, dev_sample)
         arg = OperationInput(sources(app_pack), dev_sample)
-        asyncio.run(run_operation(settings, workflow, arg, wait))
+        result = asyncio.run(run_operation(settings, workflow, arg, wait))
+        if result is not None and result.status == "partial":
+            # A partial apply is not a ready control plane (the seed's cmd/setup).
+            fail(
+                f"{workflow} is a partial apply: {result.reason}; run "
+                "`nexusctl apply-all` before relying on auto start"
+            )
 
     command.__doc__ = doc
     return command

@@ -242,7 +242,11 @@ def print_status(settings: Settings) -> None:
     marks.add_column(overflow="fold")
     colors = {"completed": "green", "failed": "red"}
     with engine.connect() as conn:
-        for row in conn.execute(select(t.bootstrap_state)).mappings():
+        # Named columns: a database of an older release may lack newer ones.
+        b = t.bootstrap_state.c
+        for row in conn.execute(
+            select(b.StateKey, b.RunID, b.Phase, b.Status, b.LastError)
+        ).mappings():
             color = colors.get(row["Status"], "yellow")
             state = Text(row["Status"], style=color) + Text(f" (phase {row['Phase']})")
             marks.add_row(Text(row["StateKey"], style="bold"), state)
