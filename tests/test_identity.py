@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -32,10 +33,18 @@ from tests.builders import (
     event,
     fast_fleet,
     install,
+    no_blocked_on_linked_after,
     record_upsert,
     sync_corpus_data_plans_shuffled,
 )
 from workflows.identity import IdentityWaitWorkflow
+
+
+@pytest.fixture(autouse=True)
+def _no_blocked_on_linked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test ends with no item blocked on a dependency that exists (issue 16)."""
+    yield from no_blocked_on_linked_after(request)
+
 
 DEP = Dependency.remote("salesforce-sync", "salesforce-sync", "Account", "acct-1")
 

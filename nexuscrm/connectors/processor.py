@@ -81,7 +81,7 @@ from nexuscrm.connectors.handoff import (
     supported_modes,
     write_commands,
 )
-from nexuscrm.connectors.identity import Dependency
+from nexuscrm.connectors.identity import Dependency, from_spec, resolved_keys
 from nexuscrm.connectors.routes import (
     ConnectorPackRow,
     RouteNotFoundError,
@@ -244,6 +244,12 @@ class Processor:
                 for i in batch.created
             }
             outcome.wake_keys |= queue.blocked_keys(self.engine, sorted(hashes))
+        if outcome.blocked:
+            # A parent linked after this batch's lookup read but before its commit,
+            # whose batch read the blocked rows before that commit, wakes no one here.
+            outcome.wake_keys |= resolved_keys(
+                self.engine, [from_spec(b.dependency) for b in outcome.blocked]
+            )
         return outcome
 
     def _prepare(
