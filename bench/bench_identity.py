@@ -154,8 +154,8 @@ async def watch(
         await asyncio.sleep(WATCH_S)
 
 
-async def until(pred_desc: str, pred: object, timeout: float = PHASE_TIMEOUT_S) -> None:
-    deadline = time.perf_counter() + timeout
+async def until(pred_desc: str, pred: object, timeout: float | None = None) -> None:
+    deadline = time.perf_counter() + (PHASE_TIMEOUT_S if timeout is None else timeout)
     while not await asyncio.to_thread(pred):  # type: ignore[arg-type]
         if time.perf_counter() > deadline:
             raise TimeoutError(f"timed out waiting for {pred_desc}")
@@ -319,6 +319,7 @@ def summary(lat: list[float]) -> str:
 
 
 async def main() -> None:
+    global PHASE_TIMEOUT_S
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--poll-seconds", type=float, default=5.0)
@@ -333,7 +334,9 @@ async def main() -> None:
         "--idle-after", type=float, default=70.0, help="seconds parked before the idle measurement"
     )
     parser.add_argument("--designs", default="waits,poll", help="comma-separated: waits,poll")
+    parser.add_argument("--phase-timeout", type=float, default=150.0, help="seconds per phase")
     args = parser.parse_args()
+    PHASE_TIMEOUT_S = args.phase_timeout
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
