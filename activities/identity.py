@@ -17,12 +17,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -40,6 +40,7 @@ from nexuscrm.contracts import (
     WaitNotifyRequest,
     WakeResult,
 )
+from nexuscrm.db.dialect import is_transient
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 
@@ -49,6 +50,9 @@ ENV_PREFIX = "NEXUSCRM_CONNECTOR_IDENTITY_"
 
 PROBE_FAILED = "identity convergence resolver failed"
 PROBE_TIMED_OUT = "identity convergence probe timed out"
+
+DIRECT_WAKE_ATTEMPTS = 8
+"""In-place attempts of a notify's direct wake (lock conflicts: deadlock, busy)."""
 
 SIGNAL_CONCURRENCY = 32
 """Signals (wakes, signal-with-starts) one notify keeps in flight at once."""
@@ -133,6 +137,74 @@ async def signal_wake(client: Client, database_id: str, key_hash: str) -> bool:
     return True
 
 
+RECOVERY_RECHECK = timedelta(minutes=5)
+"""How long recovery trusts the server's "this wait runs" before asking again."""
+
+LIST_THRESHOLD = 50
+"""Keys from which recovery lists the running waits instead of describing each."""
+
+
+def _running_query(database_id: str) -> str | None:
+    if not database_id or any(c in database_id for c in "'\\\"\n"):
+        return None
+    return (
+        "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
+        f"AND NexusDatabase='{database_id}'"
+    )
+
+
+async def list_running_waits(client: Client, database_id: str) -> set[str] | None:
+    """Key hashes of the database's running ``IdentityWait`` workflows (server visibility).
+
+    One paged list by the search attribute ``NexusDatabase``; ``None`` when the
+    server cannot answer it (attribute not registered, visibility error) or
+    the database id cannot be quoted in a query.
+    """
+    query = _running_query(database_id)
+    if query is None:
+        return None
+    prefix = wait_workflow_id(database_id, "")
+    out: set[str] = set()
+    try:
+        async for wf in client.list_workflows(query, page_size=1000):
+            if wf.id.startswith(prefix):
+                out.add(wf.id[len(prefix) :])
+    except RPCError as err:
+        log.info("running identity waits not listed", error=str(err))
+        return None
+    return out
+
+
+async def running_waits(
+    client: Client, database_id: str, key_hashes: list[str], listed: set[str] | None = None
+) -> set[str]:
+    """The key hashes among ``key_hashes`` whose ``IdentityWait`` runs, asked of the server.
+
+    ``listed``: the answer of :func:`list_running_waits` (trusted as is); a
+    key not in it (visibility lags a start; waits without search attributes)
+    is asked by ``describe`` (at most :data:`SIGNAL_CONCURRENCY` at once). A
+    key whose describe fails counts as not running (recovery starts it:
+    signal-with-start is idempotent). Reads only: no history event.
+    """
+    wanted = set(key_hashes)
+    running = wanted & (listed or set())
+    gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+    async def describe(key: str) -> None:
+        async with gate:
+            try:
+                desc = await client.get_workflow_handle(
+                    wait_workflow_id(database_id, key)
+                ).describe()
+            except RPCError:
+                return
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                running.add(key)
+
+    await asyncio.gather(*(describe(k) for k in sorted(wanted - running)))
+    return running
+
+
 class IdentityActivities:
     """Identity-wait activities of one database.
 
@@ -195,7 +267,7 @@ class IdentityActivities:
     @activity.defn(name="identity.probe")
     @shielded
     def probe(self, req: ProbeRequest) -> ProbeResult:
-        """Terminalize invalid registered items, mark this wait's items alive, then probe.
+        """Terminalize invalid registered items, then probe.
 
         Invalid (``identity-convergence-invalid``): a row whose own dependency
         columns were lost. The wait's items are the blocked rows whose
@@ -229,11 +301,9 @@ class IdentityActivities:
                 items=n_invalid,
                 failure_class="identity-convergence-invalid",
             )
+        # No liveness write here (issue 16): recovery asks the server which waits
+        # run; ``req.alive_until`` is kept on the wire for recorded histories.
         items = [WaitItem(r.work_id, r.installed_pack_id, _iso(r.blocked_at)) for r in ours]
-        if items:
-            wq.mark_wait_alive(
-                self.engine, req.key_hash, _naive(req.alive_until), [i.work_id for i in items]
-            )
         try:
             converged = self._resolve_bounded(from_spec(req.dependency), req.timeout_seconds)
         except Exception as exc:
@@ -272,6 +342,23 @@ class IdentityActivities:
 
     # -- registration and recovery (async: they use the worker's client) -------
 
+    async def _wake_keys(self, keys: list[str]) -> dict[str, int]:
+        """:func:`wq.wake_blocked_keys`, a lock conflict retried in place (issue 16).
+
+        This write is the wake that cannot be lost: a signal to a wait that is
+        not registered yet reaches nobody. Raises the last error after
+        :data:`DIRECT_WAKE_ATTEMPTS` (the activity is retried).
+        """
+        for attempt in range(1, DIRECT_WAKE_ATTEMPTS + 1):
+            try:
+                return await asyncio.to_thread(wq.wake_blocked_keys, self.engine, keys)
+            except Exception as exc:
+                if attempt == DIRECT_WAKE_ATTEMPTS or not is_transient(exc):
+                    raise
+                activity.heartbeat()
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
     @activity.defn(name="identity.notify")
     @quiet_lock_conflicts
     async def notify(self, req: WaitNotifyRequest) -> None:
@@ -279,15 +366,19 @@ class IdentityActivities:
 
         Order matters for latency: the woken rows go pending and their pools are
         woken first, then the waits are signalled (concurrently, at most
-        :data:`SIGNAL_CONCURRENCY` at once) and the new waits registered.
+        :data:`SIGNAL_CONCURRENCY` at once) and the new waits registered. The
+        direct wake is what no race can lose (a signal to a wait not yet
+        registered reaches nobody): it is retried in place on a lock conflict,
+        and a blocked item of this batch whose key it woke needs no wait.
         """
         client = activity.client()
         packs: set[str] = set()
+        woke_directly = False
         if self.direct_wake and req.wake_keys:
             # The links are committed: their waiters go back to pending right here,
             # in one transaction, not a wait's probe-and-wake round trip each.
-            by_pack = await asyncio.to_thread(wq.wake_blocked_keys, self.engine, req.wake_keys)
-            packs.update(by_pack)
+            packs.update(await self._wake_keys(req.wake_keys))
+            woke_directly = True
         fleet = client.get_workflow_handle(f"connector-fleet/{req.database_id}")
         for install_id in sorted(packs):
             try:
@@ -299,12 +390,15 @@ class IdentityActivities:
         async def wake_one(key: str) -> None:
             async with gate:
                 if not await signal_wake(client, req.database_id, key):
-                    # No wait runs yet (its start is in flight): its first probe converges.
+                    # No wait runs: its rows were woken by the write above (or, with
+                    # the direct wake off, its start is in flight: it probes at once).
                     log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
 
         groups: dict[str, tuple[DependencySpec, list[str]]] = {}
+        woken_keys = set(req.wake_keys) if woke_directly else set()
         for b in req.blocked:
-            groups.setdefault(b.key_hash, (b.dependency, []))[1].append(b.work_id)
+            if b.key_hash not in woken_keys:  # woken above: pending already, no wait needed
+                groups.setdefault(b.key_hash, (b.dependency, []))[1].append(b.work_id)
 
         async def register(spec: DependencySpec, work_ids: list[str]) -> None:
             async with gate:
@@ -317,10 +411,16 @@ class IdentityActivities:
                     config=self.config,
                 )
 
-        await asyncio.gather(
-            *(wake_one(key) for key in req.wake_keys),
-            *(register(spec, ids) for spec, ids in groups.values()),
-        )
+        if woke_directly:
+            await asyncio.gather(
+                *(wake_one(key) for key in req.wake_keys),
+                *(register(spec, ids) for spec, ids in groups.values()),
+            )
+            return
+        # Not woken here: every wait must run before its wake is signalled, or a
+        # wait started just after the signal would miss it (issue 16).
+        await asyncio.gather(*(register(spec, ids) for spec, ids in groups.values()))
+        await asyncio.gather(*(wake_one(key) for key in req.wake_keys))
 
     def _waitless_page(self, after: tuple[datetime, str] | None) -> list[wq.BlockedRow]:
         return wq.list_waitless_blocked(self.engine, after=after)
@@ -351,6 +451,7 @@ class IdentityActivities:
             )
         started = 0
         after: tuple[datetime, str] | None = None
+        listed: set[str] | None = None  # the server's running waits, listed once per run
         for _page in range(wq.RECOVERY_MAX_PAGES):
             rows = await asyncio.to_thread(self._waitless_page, after)
             groups: dict[str, tuple[Dependency, list[str]]] = {}
@@ -362,6 +463,15 @@ class IdentityActivities:
                 groups.setdefault(r.dependency.key_hash, (r.dependency, []))[1].append(r.work_id)
             if bad:
                 await asyncio.to_thread(wq.terminalize_invalid, self.engine, bad)
+            # A wait that runs is never signal-with-started again (issue 16): its
+            # rows are only marked so that recovery asks again after the recheck.
+            if listed is None and len(groups) >= LIST_THRESHOLD:
+                listed = await list_running_waits(client, database_id) or set()
+            live = await running_waits(client, database_id, sorted(groups), listed)
+            if live:
+                until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
+                marks = {w: key for key in live for w in groups.pop(key)[1]}
+                await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
             for dep, work_ids in groups.values():
                 await start_wait(
                     client,

@@ -2,6 +2,7 @@
 
 Usage:
     python bench/bench_identity.py [--n 1000] [--poll-seconds 5] [--mysql-url mysql+pymysql://...]
+        [--idle 60] [--idle-after 70] [--designs waits,poll]
 
 Per backend and per design, a fresh database with the salesforce-sync pack and
 the connector fleet (in this process, in-memory Temporal dev server):
@@ -22,12 +23,19 @@ in this script: every ``--poll-seconds`` it scans blocked rows whose remote
 link now exists, sets them pending and signals the fleet ``wake``.
 Prints median and p99 per design; both figures carry the 50 ms watcher
 resolution.
+
+``--idle S`` (waits design): with the N waits parked, wait ``--idle-after``
+seconds (default 70, past the block grace), then measure S seconds of idle:
+fleet recovery's signal-with-starts per second (counted in this process), the
+worker's (this process) and the dev server's CPU and RSS. ``--designs waits``
+skips the poll design.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -36,6 +44,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -145,8 +154,8 @@ async def watch(
         await asyncio.sleep(WATCH_S)
 
 
-async def until(pred_desc: str, pred: object, timeout: float = PHASE_TIMEOUT_S) -> None:
-    deadline = time.perf_counter() + timeout
+async def until(pred_desc: str, pred: object, timeout: float | None = None) -> None:
+    deadline = time.perf_counter() + (PHASE_TIMEOUT_S if timeout is None else timeout)
     while not await asyncio.to_thread(pred):  # type: ignore[arg-type]
         if time.perf_counter() > deadline:
             raise TimeoutError(f"timed out waiting for {pred_desc}")
@@ -154,7 +163,13 @@ async def until(pred_desc: str, pred: object, timeout: float = PHASE_TIMEOUT_S) 
 
 
 async def run(
-    env: WorkflowEnvironment, url: str, n: int, design: str, poll_s: float
+    env: WorkflowEnvironment,
+    url: str,
+    n: int,
+    design: str,
+    poll_s: float,
+    idle_s: float = 0.0,
+    idle_after_s: float = 0.0,
 ) -> list[float]:
     settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bi-{uuid.uuid4().hex[:8]}")
     catalog.CACHE.invalidate()
@@ -185,6 +200,8 @@ async def run(
                 if time.perf_counter() > deadline:
                     raise TimeoutError("waits never all registered")
                 await asyncio.sleep(0.2)
+            if idle_s > 0:
+                await measure_idle(env, query, idle_s, idle_after_s)
         poller = (
             asyncio.create_task(poll_loop(engine, env.client, settings, poll_s))
             if design == "poll"
@@ -210,6 +227,75 @@ async def run(
     return [seen[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` from /proc (Linux), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _server_pid() -> int:
+    """The dev server: the child process of this one running the temporal binary."""
+    me = str(os.getpid())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if stat[1] == me and "temporal" in Path(cmd).name:
+            return int(proc.name)
+    raise RuntimeError("dev server process not found")
+
+
+class _Counter:
+    """Counts ``identity_acts.start_wait`` calls (signal-with-starts) in this process."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.real = identity_acts.start_wait
+
+    async def __call__(self, *args: Any, **kw: Any) -> None:
+        self.calls += 1
+        await self.real(*args, **kw)
+
+
+async def measure_idle(env: WorkflowEnvironment, query: str, idle_s: float, after_s: float) -> None:
+    """``idle_s`` seconds with N parked waits and nothing to do, after ``after_s`` seconds
+    (past the 60 s block grace, so fleet recovery looks at every blocked row).
+
+    Prints recovery's signal-with-starts per second (counted in this process),
+    the worker's (this process) and the dev server's CPU in % of one core, RSS.
+    """
+    await asyncio.sleep(after_s)
+    counter = _Counter()
+    identity_acts.start_wait = counter
+    server = _server_pid()
+    try:
+        w0, s0, t0 = time.process_time(), _cpu_seconds(server), time.perf_counter()
+        await asyncio.sleep(idle_s)
+        w1, s1, t1 = time.process_time(), _cpu_seconds(server), time.perf_counter()
+    finally:
+        identity_acts.start_wait = counter.real
+    wall = t1 - t0
+    running = (await env.client.count_workflows(query)).count
+    print(
+        f"  idle {wall:.0f} s with {running} running waits: recovery signal-with-starts "
+        f"{counter.calls} ({counter.calls / wall:.2f}/s); CPU worker {100 * (w1 - w0) / wall:.1f} %"
+        f", server {100 * (s1 - s0) / wall:.1f} % of a core; RSS worker "
+        f"{_rss_mib(os.getpid()):.0f} MiB, server {_rss_mib(server):.0f} MiB",
+        flush=True,
+    )
+
+
 def summary(lat: list[float]) -> str:
     ms = sorted(x * 1000 for x in lat)
     p99 = ms[min(len(ms) - 1, round(0.99 * len(ms)) - 1)]
@@ -217,11 +303,24 @@ def summary(lat: list[float]) -> str:
 
 
 async def main() -> None:
+    global PHASE_TIMEOUT_S
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--poll-seconds", type=float, default=5.0)
     parser.add_argument("--mysql-url")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="seconds of idle measurement with the N waits parked (waits design; 0: none)",
+    )
+    parser.add_argument(
+        "--idle-after", type=float, default=70.0, help="seconds parked before the idle measurement"
+    )
+    parser.add_argument("--designs", default="waits,poll", help="comma-separated: waits,poll")
+    parser.add_argument("--phase-timeout", type=float, default=150.0, help="seconds per phase")
     args = parser.parse_args()
+    PHASE_TIMEOUT_S = args.phase_timeout
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
@@ -233,7 +332,7 @@ async def main() -> None:
         tmp = tempfile.mkdtemp()
         backends = ["sqlite"] + (["mysql"] if args.mysql_url else [])
         for backend in backends:
-            for design in ("waits", "poll"):
+            for design in args.designs.split(","):
                 if backend == "sqlite":
                     url = f"sqlite:///{tmp}/bench-{design}.db"
                 else:
@@ -251,7 +350,9 @@ async def main() -> None:
                         with waits_disabled():
                             lat = await run(env, url, args.n, design, args.poll_seconds)
                     else:
-                        lat = await run(env, url, args.n, design, args.poll_seconds)
+                        lat = await run(
+                            env, url, args.n, design, args.poll_seconds, args.idle, args.idle_after
+                        )
                 finally:
                     if backend == "mysql":
                         with make_engine(url).begin() as conn:

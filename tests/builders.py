@@ -32,7 +32,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -464,6 +464,33 @@ async def assert_no_blocked_on_linked(engine: Engine, timeout: float = 60) -> No
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"items blocked on a linked dependency after {timeout} s: {stuck}")
         await asyncio.sleep(0.2)
+
+
+def no_blocked_on_linked_after(request: Any, timeout: float = 60) -> Iterator[None]:
+    """Body of an autouse fixture: after the test, the identity invariant holds.
+
+    For a test that uses the ``settings`` fixture: within ``timeout`` seconds
+    no item of its database is ``blocked`` on a dependency whose remote link
+    or record exists (:func:`blocked_on_linked`). Raises ``AssertionError``
+    naming the items otherwise.
+    """
+    settings = request.getfixturevalue("settings") if "settings" in request.fixturenames else None
+    yield
+    if settings is None:
+        return
+    from nexuscrm.db.engine import make_engine
+
+    engine = make_engine(settings.database_url)
+    deadline = time.monotonic() + timeout
+    try:
+        if not inspect(engine).has_table(t.connector_work_item.name):
+            return
+        while stuck := blocked_on_linked(engine):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"items blocked on a linked dependency: {stuck}")
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
 
 
 async def wait_pools(

@@ -22,6 +22,7 @@ order), converted by :func:`to_spec` and :func:`from_spec`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -169,6 +170,18 @@ def probe(engine: Engine, dep: Dependency) -> bool:
             {"id": dep.record_id},
         ).first()
         return found is not None
+
+
+def resolved_keys(engine: Engine, deps: Iterable[Dependency]) -> set[str]:
+    """Key hashes of ``deps`` that resolved (a fresh :func:`probe` each, one per key).
+
+    The post-commit recheck of a batch's blocked items (issue 16): an item that
+    read "no link" before its parent's batch committed the link, and committed
+    its block after that batch read the blocked rows to wake, is woken by no
+    one else. Its own recheck, after its commit, sees the link.
+    """
+    by_key = {d.key_hash: d for d in deps}
+    return {key for key, dep in sorted(by_key.items()) if probe(engine, dep)}
 
 
 def wait_workflow_id(database_id: str, key_hash: str) -> str:

@@ -15,8 +15,10 @@ A lookup whose parent is not linked yet (``DependencyUnresolved``) blocks the
 item on that remote identity (``queue.block_item``, in the transaction
 that ends its attempt): the outcome lists the blocked items, for the caller to
 register their identity waits after commit. The remote links a batch creates
-are collected too; after commit, the key hashes among them that have blocked
-items are the outcome's ``wake_keys`` (the caller signals those waits).
+are collected too; right after their commit, their blocked children are set
+pending and the key hashes that had children are the outcome's ``wake_keys``
+(the caller completes those waits). A block re-reads its dependency right
+after its commit and wakes itself if the parent linked meanwhile (issue 16).
 
 Before any of that, in both roles (seed: ``SetOutboundEchoProbe`` and
 ``SetCompanionInstalledChecker`` on every worker):
@@ -81,7 +83,6 @@ from nexuscrm.connectors.handoff import (
     supported_modes,
     write_commands,
 )
-from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import (
     ConnectorPackRow,
     RouteNotFoundError,
@@ -89,6 +90,7 @@ from nexuscrm.connectors.routes import (
     still_installed,
 )
 from nexuscrm.connectors.serving import RuntimeServingSelection
+from nexuscrm.connectors.wakes import wake_linked, wake_resolved
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import describe_error, is_transient
 from nexuscrm.log import log
@@ -236,14 +238,6 @@ class Processor:
             self._one_guarded(item, cat, batch)
             if on_item is not None:
                 on_item()
-        if batch.created:
-            hashes = {
-                Dependency.remote(
-                    i.owner_key, i.namespace, i.destination_object, i.remote_id
-                ).key_hash
-                for i in batch.created
-            }
-            outcome.wake_keys |= queue.blocked_keys(self.engine, sorted(hashes))
         return outcome
 
     def _prepare(
@@ -585,7 +579,8 @@ class Processor:
         outcome.retried += counts.retried
         outcome.failed += counts.failed
         outcome.lost += counts.lost
-        outcome.blocked += counts.blocked
+        outcome.blocked += wake_resolved(self.engine, counts.blocked, outcome)
+        wake_linked(self.engine, created, outcome)
         batch.created += created
         for key, n in counts.failure_classes.items():
             outcome.failure_classes[key] = outcome.failure_classes.get(key, 0) + n
@@ -646,6 +641,7 @@ class Processor:
                             "flow-deadline", "flow exceeded its deadline", retriable=True
                         )
                     queue.finish_succeeded(conn, item)
+                wake_linked(self.engine, created, outcome)
                 batch.created += created
             outcome.succeeded += 1
         except RouteNotFoundError as exc:
@@ -653,6 +649,7 @@ class Processor:
         except DependencyUnresolved as exc:
             with self.engine.begin() as conn:
                 self.finish.block(conn, item, exc, outcome)
+            outcome.blocked[-1:] = wake_resolved(self.engine, outcome.blocked[-1:], outcome)
         except FlowError as exc:
             if exc.retriable and item.attempt < self.max_attempts:
                 delay = queue.retry_backoff(item.attempt)

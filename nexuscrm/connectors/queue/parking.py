@@ -455,3 +455,22 @@ def mark_wait_alive(engine: Engine, key_hash: str, until: datetime, work_ids: Se
             if r.State == STATE_BLOCKED and r.DependencyKeyHash == key_hash
         ]
         return _update_by_id(conn, ids, {"DependencyProbeAfter": until.replace(microsecond=0)})
+
+
+def mark_waits_alive(engine: Engine, items: dict[str, str], until: datetime) -> int:
+    """``DependencyProbeAfter = until`` on blocked rows whose wait the server says runs.
+
+    ``items``: work id -> key hash of the running wait (recovery's answer from
+    the server); only rows still blocked on that key are marked, so recovery
+    skips them until ``until``. One transaction, locked and updated by primary
+    key only (:func:`_lock_by_id`). Returns the rows marked.
+    """
+    if not items:
+        return 0
+    with write_transaction(engine) as conn:
+        ids = [
+            r.WorkId
+            for r in _lock_by_id(conn, list(items))
+            if r.State == STATE_BLOCKED and r.DependencyKeyHash == items[r.WorkId]
+        ]
+        return _update_by_id(conn, ids, {"DependencyProbeAfter": until.replace(microsecond=0)})

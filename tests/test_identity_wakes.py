@@ -1,0 +1,276 @@
+"""No wake is lost (issue 16 item 1).
+
+Children blocked on their parents, parents arriving in bursts, processed by the
+real fleet and worker (8 inbound workers per pack, so a child's batch and its
+parent's batch run at once). Every probe times out here (a probe slot starved
+by thousands of waits, as in the issue's 10,000-wait run): only wakes can
+finish a child, so a child that no wake reaches stays ``blocked``. The race
+that lost them: a child reads "no link", its parent's batch commits the link
+and reads the blocked rows to wake (the child's block is not committed yet),
+then the child commits its block. Nobody woke it; its wait's probes were its
+only way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.worker import Worker
+
+from activities.identity import PROBE_TIMED_OUT, IdentityActivities, start_wait
+from nexuscrm.clock import utcnow
+from nexuscrm.connectors import processor
+from nexuscrm.connectors import queue as wq
+from nexuscrm.connectors.identity import Dependency, wait_workflow_id
+from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import IdentityWaitConfig
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+from nexusctl.temporal import start_fleet
+from nexusctl.worker import build_connector_worker
+from tests.builders import (
+    assert_no_blocked_on_linked,
+    blocked_on_linked,
+    connector_settings,
+    event,
+    fast_fleet,
+    install,
+    record_upsert,
+    wait_drained,
+)
+from workflows.identity import IdentityWaitWorkflow
+
+BURSTS = 5
+PER_BURST = 40
+BLOCK_DELAY_S = 0.3
+# Well under a probe schedule (5 s doubling to 60 s) and anything recovery does:
+# a child is done soon after its parent, or it was never woken.
+BOUND_S = 90.0
+
+
+def _starved_probe(self: IdentityActivities, dep: Dependency, timeout: float) -> bool:
+    raise TimeoutError(PROBE_TIMED_OUT)
+
+
+def _enqueue(engine: Any, requests: list[Any]) -> None:
+    """Enqueue, retrying a deadlock or lock timeout with the running workers (test-side)."""
+    for attempt in range(20):
+        try:
+            wq.enqueue(engine, requests)
+            return
+        except (OperationalError, wq.QueueLockTimeout) as exc:
+            # the slow blocks hold the SQLite writer lock for seconds
+            if not isinstance(exc, wq.QueueLockTimeout) and "1213" not in str(exc):
+                raise
+            if attempt == 19:
+                raise
+            time.sleep(0.2)
+
+
+async def _parents_done(engine: Any, n: int, timeout: float = 300) -> None:
+    """Until ``n`` parents' remote links are committed; the machine is loaded."""
+    rl, deadline = t.connector_remote_link, time.monotonic() + timeout
+    query = select(func.count()).select_from(rl).where(rl.c.DestinationObject == "Account")
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(query).scalar_one()
+        if done >= n:
+            return
+        assert time.monotonic() < deadline, f"{done} of {n} parents done in {timeout} s"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("path", ["chunk", "one-by-one"])
+async def test_no_wake_lost_with_parents_in_bursts(temporal_env, settings, monkeypatch, path):
+    """Children whose block commits just after their parent's batch read the
+    blocked rows are woken anyway, within a bound far under the probe schedule.
+
+    The window is widened (the block waits ``BLOCK_DELAY_S`` after the lookup
+    read) and, for ``one-by-one``, every chunk is redone item by item (a chunk
+    that raised: the lookup and the block are two transactions there, so the
+    race exists on SQLite too).
+    """
+    monkeypatch.setattr(IdentityActivities, "_resolve_bounded", _starved_probe)
+    real_block = wq.block_item
+
+    def slow_block(*args: Any, **kw: Any) -> None:
+        time.sleep(BLOCK_DELAY_S)
+        real_block(*args, **kw)
+
+    monkeypatch.setattr(wq, "block_item", slow_block)
+    if path == "one-by-one":
+
+        def chunk_fails(*_a: Any, **_k: Any) -> Any:
+            raise RuntimeError("injected chunk failure")
+
+        monkeypatch.setattr(processor, "upsert_records", chunk_fails)
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+
+    def child(b: int, k: int) -> Any:
+        return record_upsert(
+            pack.install_id,
+            pack.namespace,
+            "Contact",
+            f"c{b}-{k}",
+            {"LastName": f"L{b}-{k}", "AccountId": f"a{b}-{k}"},
+            refs={"AccountId": f"a{b}-{k}"},
+        )
+
+    def parent(b: int, k: int) -> Any:
+        return record_upsert(
+            pack.install_id, pack.namespace, "Account", f"a{b}-{k}", {"Name": f"A{b}-{k}"}, refs={}
+        )
+
+    w = t.connector_work_item
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        for b in range(BURSTS):
+            await asyncio.to_thread(_enqueue, engine, [child(b, k) for k in range(PER_BURST)])
+            await asyncio.sleep(0.2)  # the children's batches are reading their lookups
+            await asyncio.to_thread(_enqueue, engine, [parent(b, k) for k in range(PER_BURST)])
+            await asyncio.sleep(0.5)
+        await _parents_done(engine, BURSTS * PER_BURST)
+        parents_done_at = time.monotonic()
+        try:
+            await wait_drained(engine, timeout=BOUND_S)
+        finally:
+            with engine.connect() as conn:
+                by_state: dict[str, int] = {
+                    s: n
+                    for s, n in conn.execute(select(w.c.State, func.count()).group_by(w.c.State))
+                }
+            print(
+                f"{path}/{engine.dialect.name}: states {by_state} "
+                f"{time.monotonic() - parents_done_at:.1f} s after the last parent; "
+                f"blocked on a linked parent: {len(blocked_on_linked(engine))}"
+            )
+        await assert_no_blocked_on_linked(engine, timeout=5)
+        assert by_state == {"succeeded": 2 * BURSTS * PER_BURST}
+        await fleet.signal("stop")
+        await fleet.result()
+
+
+@workflow.defn(name="RecoverOnce", sandboxed=False)
+class RecoverOnce:
+    """Runs ``identity.recover`` once (as a fleet reconcile does); returns waits started."""
+
+    @workflow.run
+    async def run(self, database_id: str) -> int:
+        return await workflow.execute_activity(
+            "identity.recover",
+            database_id,
+            result_type=int,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+
+
+def _block_each(engine: Any, deps: list[Dependency]) -> dict[str, list[str]]:
+    """One item per dependency, enqueued and claimed together, each blocked on its
+    own (no liveness mark); key hash -> its work ids."""
+    tag = uuid.uuid4().hex[:6]
+    wq.enqueue(engine, [event("inst-1", f"{tag}-{k}", obj="Contact") for k in range(len(deps))])
+    items = wq.claim(
+        engine,
+        wq.ClaimSpec(
+            installed_pack_id="inst-1",
+            queue_classes=[],
+            batch_size=len(deps),
+            lease_owner="t",
+            lease_seconds=60,
+            max_processing_rows=1000,
+        ),
+    )
+    assert len(items) == len(deps)
+    with engine.begin() as conn:
+        for item, dep in zip(items, deps, strict=True):
+            wq.block_item(conn, item, dep, summary="parent not linked")
+    return {d.key_hash: [i.work_id] for i, d in zip(items, deps, strict=True)}
+
+
+@pytest.mark.parametrize("keys", [3, 60])  # 60: the server's list of running waits
+async def test_recovery_never_restarts_a_running_wait(temporal_env, settings, keys):
+    """Item 2: liveness is the server's answer. Waits that run, whose rows' liveness
+    mark expired while they sleep, are not signal-with-started by recovery (their
+    history holds one signal, their start's); their rows are marked instead."""
+
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    client = temporal_env.client
+    queue = settings.identity_task_queue
+    ns = f"rec-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(keys)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    sleepy = IdentityWaitConfig(probe_interval_seconds=600, max_probe_interval_seconds=600)
+    w = t.connector_work_item
+    acts = IdentityActivities(engine, settings, sleepy, resolver=lambda _e, _d: False)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[IdentityWaitWorkflow, RecoverOnce],
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    async with worker:
+        for d in deps:
+            await start_wait(
+                client,
+                database_id=settings.database_id,
+                task_queue=queue,
+                dependency=d,
+                work_ids=owned[d.key_hash],
+                config=sleepy,
+            )
+        handles = [
+            client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash))
+            for d in deps
+        ]
+        for h in handles:  # each probed once and now sleeps
+            for _ in range(300):
+                if (await h.query(IdentityWaitWorkflow.status)).state == "sleeping":
+                    break
+                await asyncio.sleep(0.1)
+        with engine.begin() as conn:  # every liveness mark expired
+            conn.execute(
+                w.update()
+                .where(w.c.State == "blocked")
+                .values(DependencyProbeAfter=utcnow() - timedelta(minutes=5))
+            )
+        started = await client.execute_workflow(
+            RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+        )
+        assert started == 0
+        for h in handles:
+            signals = [
+                e
+                async for e in h.fetch_history_events()
+                if e.HasField("workflow_execution_signaled_event_attributes")
+            ]
+            assert len(signals) == 1, h.id
+        with engine.connect() as conn:
+            marks = conn.execute(select(w.c.DependencyProbeAfter).where(w.c.State == "blocked"))
+            assert all(m > utcnow() for (m,) in marks)
+        # A wait that no longer runs is restarted: recovery still covers its rows.
+        await handles[0].terminate("gone")
+        with engine.begin() as conn:
+            conn.execute(w.update().where(w.c.State == "blocked").values(DependencyProbeAfter=None))
+        again = await client.execute_workflow(
+            RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+        )
+        assert again == 1
+        for h in handles:
+            await h.terminate("test over")
