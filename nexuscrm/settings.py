@@ -78,6 +78,10 @@ class Settings(BaseSettings):
       connector_max_activity_slots [NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS]: cap on
         a connector worker's inbound-worker slots of each kind; default 128.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
+      controlplane_queue_wait_seconds [NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS]:
+        how long a control-plane request waits for its turn in the database's
+        queue before it is dropped and its caller gets a timeout error (the
+        seed's 600 s ``GET_LOCK`` wait); default 600.
     """
 
     model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore")
@@ -100,6 +104,7 @@ class Settings(BaseSettings):
     # A RuntimeServingSelection file (JSON/YAML) frozen by the deploy pipeline.
     serving_selection: str | None = None
     connector_role: str = "local"
+    controlplane_queue_wait_seconds: float = 600.0
 
     @field_validator("database_url")
     @classmethod
@@ -130,6 +135,15 @@ class Settings(BaseSettings):
     def _shutdown_seconds(cls, v: float) -> float:
         if not 0 <= v < float("inf"):
             raise ValueError(f"NEXUS_WORKER_SHUTDOWN_SECONDS {v!r} must be >= 0 seconds")
+        return v
+
+    @field_validator("controlplane_queue_wait_seconds")
+    @classmethod
+    def _queue_wait(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(
+                f"NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS {v!r} must be a positive number of seconds"
+            )
         return v
 
     @field_validator("connector_pack_allowance", "connector_max_activity_slots")

@@ -56,6 +56,16 @@ PHASE_TIMEOUTS: dict[str, timedelta] = {
 }
 
 
+def database_id_of(workflow_id: str) -> str:
+    """The database id a control-plane workflow id names.
+
+    ``controlplane/<database id>`` (the queue entity, or a run started
+    directly) or ``controlplane/<database id>/<operation>/<request id>`` (an
+    operation the queue runs as its child); database ids never hold ``/``.
+    """
+    return workflow_id.removeprefix("controlplane/").split("/")[0]
+
+
 def _cause(err: BaseException) -> str:
     """The innermost failure message (what the activity raised)."""
     while isinstance(err, ActivityError) and err.cause is not None:
@@ -134,7 +144,7 @@ class _PhaseRunner:
     async def _start(self, heartbeat_s: float) -> None:
         self.run_id = workflow.info().run_id
         self.heartbeat = timedelta(seconds=heartbeat_s)
-        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        database_id = database_id_of(workflow.info().workflow_id)
         workflow.upsert_search_attributes(
             [OPERATION_KEY.value_set(self.operation), DATABASE_KEY.value_set(database_id)]
         )
@@ -177,7 +187,7 @@ class _PhaseRunner:
 
     async def _notify_connectors(self) -> None:
         """Ask the connector fleet to reconcile (packs may have changed); no-op when none runs."""
-        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        database_id = database_id_of(workflow.info().workflow_id)
         handle = workflow.get_external_workflow_handle(f"connector-fleet/{database_id}")
         try:
             await handle.signal("reconcile")

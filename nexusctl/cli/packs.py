@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,7 @@ import yaml
 from rich.table import Table
 
 from nexuscrm.catalog import object_table
-from nexuscrm.controlplane.packs_apply import remove_pack
+from nexuscrm.contracts.controlplane_queue import RemovePackInput
 from nexuscrm.errors import NexusError
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.packs.builtin import platform_packs
@@ -20,32 +19,37 @@ from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import ObjectSpec, PackManifest
 from nexuscrm.packs.ordering import order_packs
 from nexusctl.cli.common import load_settings
+from nexusctl.cli.controlplane import run_operation
 from nexusctl.cli.render import console, fail, require_engine, warn
-from nexusctl.temporal import connect, signal_fleet
 
 packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 
 
 @packs_app.command("remove")
-def packs_remove(name: str) -> None:
-    """Remove an installed app or connector pack (its tables and data stay)."""
+def packs_remove(
+    name: str,
+    no_queue: Annotated[
+        bool,
+        typer.Option(
+            "--no-queue",
+            help="Refuse at once when another control-plane operation runs or waits.",
+        ),
+    ] = False,
+) -> None:
+    """Remove an installed app or connector pack (its tables and data stay).
+
+    Goes through the database's control-plane queue like every mutation: it
+    waits its turn (NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS), then retires the
+    pack and invalidates the ApplyAll marker in one transaction, and tells the
+    connector fleet to reconcile. Needs a running worker.
+    """
     settings = load_settings()
-    engine = require_engine(settings)
-    try:
-        previous = remove_pack(engine, name)
-    except NexusError as exc:
-        fail(str(exc))
-
-    async def notify() -> bool:
-        with contextlib.suppress(Exception):
-            return await signal_fleet(await connect(settings), settings, "reconcile")
-        return False
-
-    signalled = asyncio.run(notify())
-    console.print(
-        f"removed {name} (was {previous})"
-        + ("; connector fleet told to reconcile" if signalled else "")
+    require_engine(settings)
+    result = asyncio.run(
+        run_operation(settings, "RemovePack", RemovePackInput(name), True, no_queue=no_queue)
     )
+    if result is not None:
+        console.print(result.reason)
 
 
 @packs_app.command("import-sfdx")
