@@ -183,6 +183,25 @@ async def wait_turn(
         await asyncio.sleep(STATUS_POLL_S)
 
 
+async def settled(
+    client: Client, settings: Settings, request_id: str, timeout_s: float = 10.0
+) -> None:
+    """Wait (briefly, best effort) until the entity has recorded ``request_id`` as finished.
+
+    A caller that saw its operation's result returns only once the queue is
+    free of it, so a following ``--no-queue`` command is not refused by it.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            entry = find_entry(await queue_status(client, settings), request_id)
+        except Exception:
+            return
+        if entry is None or entry.state not in ("queued", "running"):
+            return
+        await asyncio.sleep(0.1)
+
+
 def _timeout_message(settings: Settings, entry: QueueEntry, wait_seconds: float) -> str:
     why = f" ({entry.outcome})" if entry.outcome else ""
     return (

@@ -100,18 +100,20 @@ async def start_controlplane(
     arg: ApplyAllInput | OperationInput,
     *,
     task_queue: str | None = None,
+    no_queue: bool = False,
 ) -> WorkflowHandle[Any, ApplyAllResult]:
-    """Run a control-plane operation (``ApplyAll``, ``RunRepair`` ...) now, or refuse.
+    """Run a control-plane operation (``ApplyAll``, ``RunRepair`` ...) on this database.
 
-    Goes through the database's queue (``nexusctl.controlplane_queue``) with
-    ``no_queue``: raises ``ControlPlaneBusyError`` naming what runs when the
-    database's control plane is busy; otherwise returns the handle of the
-    operation's child workflow once it started. ``task_queue`` overrides the
-    settings' control-plane task queue (entity and operation).
+    Goes through the database's queue (``nexusctl.controlplane_queue``): waits
+    for its turn (up to ``settings.controlplane_queue_wait_seconds``, else
+    ``ControlPlaneQueueTimeout``) and returns the handle of the operation's
+    child workflow once it started. ``no_queue``: raise
+    ``ControlPlaneBusyError`` naming what runs when the control plane is busy.
+    ``task_queue`` overrides the settings' control-plane task queue.
     """
     if task_queue:
         settings = settings.model_copy(update={"controlplane_task_queue": task_queue})
-    return await run_queued(client, settings, workflow, arg, no_queue=True)
+    return await run_queued(client, settings, workflow, arg, no_queue=no_queue)
 
 
 def env_flag(name: str) -> bool:

@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from sqlalchemy import select
 from temporalio import activity
@@ -285,7 +284,8 @@ async def test_a_waiter_past_its_bound_gets_the_timeout_error_and_never_runs(
             assert late.exit_code == 1, late.output
             message = one_line(late.output)
             assert "timed out after 3 s waiting for its turn in the control-plane queue" in message
-            assert "was not started" in message and "NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS" in message
+            assert "was not started" in message
+            assert "NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS" in message
 
             async def expired() -> Any:
                 status = await queue_status(client, settings)

@@ -23,7 +23,11 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, OperationInput, PhaseReport
-from nexuscrm.contracts.controlplane_queue import ControlPlaneTicket, RemovePackInput
+from nexuscrm.contracts.controlplane_queue import (
+    QUEUED_OPERATIONS,
+    ControlPlaneTicket,
+    RemovePackInput,
+)
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
@@ -53,6 +57,7 @@ from nexusctl.controlplane_queue import (
     build_request,
     operation_handle,
     queue_status,
+    settled,
     submit,
     wait_turn,
 )
@@ -192,6 +197,7 @@ async def run_operation(
     try:
         result = await _watch(handle, f"{entry.operation} on {settings.database_id}")
     except WorkflowFailureError as exc:
+        await settled(client, settings, entry.request_id)
         fail(str(exc.cause))
     except asyncio.CancelledError:  # Ctrl-C: only this client stops
         if not own_worker:
@@ -201,6 +207,7 @@ async def run_operation(
                 soft_wrap=True,
             )
         raise
+    await settled(client, settings, entry.request_id)
     print_summary(result)
     return result
 
@@ -284,7 +291,19 @@ async def _latest_operation(client: Client, settings: Settings, entity: Any) -> 
     try:
         queue = await queue_status(client, settings)
     except RPCError as exc:
-        _no_answer(settings, entity, "status", exc, await active_pollers(client, entity.task_queue))
+        # No worker to answer: the server's list still knows a finished operation.
+        types = ", ".join(f"'{op}'" for op in QUEUED_OPERATIONS)
+        listed = [
+            w
+            async for w in client.list_workflows(
+                f"NexusDatabase = '{settings.database_id}' AND WorkflowType IN ({types})"
+            )
+        ]
+        latest = max(listed, key=lambda w: w.start_time, default=None)
+        if latest is not None and latest.status != WorkflowExecutionStatus.RUNNING:
+            return str(latest.id)
+        pollers = await active_pollers(client, entity.task_queue)
+        _no_answer(settings, entity, "status", exc, pollers)
     if queue.running is not None:
         return queue.running.workflow_id
     ran = [e for e in queue.recent if e.started_at]
