@@ -41,6 +41,7 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.controlplane_queue import build_request, queue_status, submit
+from nexusctl.worker import build_worker
 from tests.builders import apply_all, cli_env, executions, invoke_async
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.controlplane_queue import QUEUE_WORKFLOWS
@@ -381,3 +382,35 @@ async def test_the_entity_continues_as_new_carrying_its_queue(
     assert done == ["RunRepair", "EnsureIndexes", "RunRepair"]
     runs = await executions(client, f"WorkflowId = '{settings.controlplane_workflow_id}'")
     assert len(runs) >= 3  # continued as new after each operation, queue carried
+
+
+async def test_the_queue_survives_a_worker_restart(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    gate = threading.Event()
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            await submit(client, settings, build_request("RunRepair", OperationInput(), settings))
+            await running_entry(client, settings, "RunRepair")
+            await submit(
+                client, settings, build_request("EnsureIndexes", OperationInput(), settings)
+            )
+
+            async def queued() -> bool:
+                return bool((await queue_status(client, settings)).queued)
+
+            await eventually(queued, "EnsureIndexes queued")
+    # That worker is gone; a new process's worker replays the entity from its history.
+    async with build_worker(client, settings):
+
+        async def all_done() -> Any:
+            status = await queue_status(client, settings)
+            done = [e.operation for e in status.recent if e.state == "completed"]
+            return done if len(done) == 2 and not status.queued and not status.running else None
+
+        done = await eventually(all_done, "both operations completed", timeout=300)
+    assert done == ["RunRepair", "EnsureIndexes"]
+    (repair,) = await listed(client, settings, "RunRepair", 1)
+    (indexes,) = await listed(client, settings, "EnsureIndexes", 1)
+    assert repair.close_time is not None and repair.close_time <= indexes.start_time

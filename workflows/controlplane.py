@@ -1,9 +1,11 @@
 """Control-plane workflows: ApplyAll and its sibling operations.
 
-Every one runs under the workflow id ``controlplane/<database id>``, so
-Temporal refuses a second control-plane mutation on a database while one runs
-(the seed's ``GET_LOCK('nexuscrm_controlplane_apply')``). Each run first takes
-a new lease epoch; every mutating activity checks it before it writes.
+The database's control-plane queue (``workflows.controlplane_queue``, the
+seed's ``GET_LOCK('nexuscrm_controlplane_apply')``) runs each of them as its
+child ``controlplane/<database id>/<operation>/<request id>``, one at a time;
+a run started directly under ``controlplane/<database id>`` (before the
+queue) still works. Each run first takes a new lease epoch; every mutating
+activity checks it before it writes.
 """
 
 from __future__ import annotations
