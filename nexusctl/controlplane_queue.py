@@ -167,7 +167,7 @@ async def wait_turn(
         try:
             found = find_entry(await queue_status(client, settings), entry.request_id)
         except Exception:  # no worker answered in time: ask again until the bound
-            found = entry if entry.state == "queued" else None
+            found = entry if entry.state in ("queued", "starting") else None
         if found is None:  # trimmed from the recent list: it ran long ago
             entry.state = "completed"
             return entry
@@ -176,6 +176,9 @@ async def wait_turn(
             raise ControlPlaneQueueTimeout(_timeout_message(settings, entry, wait_seconds))
         if entry.state == "failed" and entry.outcome.startswith("could not start"):
             raise NexusError(entry.outcome)
+        if entry.state == "starting":  # its turn came: the child is being created
+            await asyncio.sleep(STATUS_POLL_S / 5)
+            continue
         if entry.state != "queued":
             return entry
         if time.monotonic() > deadline:
@@ -197,7 +200,7 @@ async def settled(
             entry = find_entry(await queue_status(client, settings), request_id)
         except Exception:
             return
-        if entry is None or entry.state not in ("queued", "running"):
+        if entry is None or entry.state not in ("queued", "starting", "running"):
             return
         await asyncio.sleep(0.1)
 

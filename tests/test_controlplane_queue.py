@@ -110,7 +110,12 @@ async def running_entry(client: Client, settings: Settings, operation: str) -> A
 
     async def probe() -> Any:
         status = await queue_status(client, settings)
-        return status.running if status.running and status.running.operation == operation else None
+        running = status.running
+        return (
+            running
+            if running and (running.operation, running.state) == (operation, "running")
+            else None
+        )
 
     return await eventually(probe, f"{operation} running")
 

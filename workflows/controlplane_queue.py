@@ -141,7 +141,8 @@ class ControlPlaneEntity:
     # -- the queue ------------------------------------------------------------------
 
     async def _run_entry(self, entry: QueueEntry) -> None:
-        entry.state, entry.started_at = "running", workflow.now().isoformat()
+        # "starting" until the server has the child: a caller must not look it up before.
+        entry.state = "starting"
         self.running = entry
         try:
             child = await workflow.start_child_workflow(
@@ -157,6 +158,8 @@ class ControlPlaneEntity:
         except Exception as err:  # e.g. the id is taken: the entry fails, the queue goes on
             self._finish(entry, "failed", f"could not start {entry.workflow_id}: {err}")
             return
+        entry.state, entry.started_at = "running", workflow.now().isoformat()
+        self.changes += 1
         # While it runs, queued entries past their deadline are dropped.
         while not child.done():
             seen = self.changes

@@ -77,7 +77,8 @@ class QueueEntry:
     request_id: the entity's id for it; workflow_id: its child workflow id,
       ``controlplane/<database id>/<operation>/<request id>`` (fixed when it is
       queued, so a caller can watch it once it runs).
-    state: queued | running | completed | failed | expired.
+    state: queued | starting (its child is being started) | running | completed |
+      failed | expired.
     waiters: requests answered by this entry (coalesced requests add one).
     enqueued_at / deadline / started_at / finished_at: ISO-8601 UTC (workflow time);
       deadline: when a still-queued entry is dropped.
