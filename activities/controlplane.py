@@ -26,6 +26,7 @@ from nexuscrm.contracts import (
     RepairRequest,
     VerifyRequest,
 )
+from nexuscrm.contracts.controlplane_queue import RemovePackRequest
 from nexuscrm.contracts.gates import RebuildRequest
 from nexuscrm.controlplane import (
     derived,
@@ -65,8 +66,9 @@ class ControlPlaneActivities:
     def _require_this_database(self) -> None:
         """Refuse (non-retryable) a run whose workflow id names another database."""
         expected = self.settings.controlplane_workflow_id
-        running = activity.info().workflow_id
-        if running != expected:
+        running = activity.info().workflow_id or ""
+        # The queue's children run as controlplane/<database id>/<operation>/<request id>.
+        if running != expected and not running.startswith(expected + "/"):
             raise FatalError(
                 f"this worker serves database {self.settings.database_id} (workflow id "
                 f"{expected}); refusing workflow {running}: start it with the id {expected}, "
@@ -281,6 +283,17 @@ class ControlPlaneActivities:
             raise VerifyError(findings)
         return "no findings"
 
+    @activity.defn(name="controlplane.remove_pack")
+    @fatal_is_final
+    def remove_pack(self, req: RemovePackRequest) -> str:
+        """``nexusctl packs remove``: retire the pack and invalidate the marker, fenced.
+
+        One transaction: lease check, pack ``removed``, ApplyAll marker
+        ``invalidated``. Returns the pack's previous status; ``PackError``
+        (unknown, platform or depended-on pack) is final.
+        """
+        return packs_apply.remove_pack(self.engine, req.name, epoch=req.epoch, run_id=req.run_id)
+
     def all(self) -> list[Callable[..., Any]]:
         """Every activity method, for ``Worker(activities=...)``."""
         return [
@@ -296,4 +309,5 @@ class ControlPlaneActivities:
             self.rebuild_derived,
             self.ensure_indexes,
             self.verify,
+            self.remove_pack,
         ]

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
         after verify on every completing path and before an auto-start or
         exact-candidate skip; non-zero exit fails the run. Unset: no hook.
       final_verify_timeout_seconds [NEXUS_FINAL_VERIFY_TIMEOUT_SECONDS]: its bound; 600.
+      controlplane_queue_wait_seconds [NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS]:
+        how long a control-plane request waits for its turn in the database's
+        queue before it is dropped and its caller gets a timeout error (the
+        seed's 600 s ``GET_LOCK`` wait); default 600.
     """
 
     model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore")
@@ -107,6 +111,7 @@ class Settings(BaseSettings):
     connector_role: str = "local"
     final_verify_command: str | None = None
     final_verify_timeout_seconds: float = 600.0
+    controlplane_queue_wait_seconds: float = 600.0
 
     @field_validator("database_url")
     @classmethod
@@ -137,6 +142,15 @@ class Settings(BaseSettings):
     def _shutdown_seconds(cls, v: float) -> float:
         if not 0 <= v < float("inf"):
             raise ValueError(f"NEXUS_WORKER_SHUTDOWN_SECONDS {v!r} must be >= 0 seconds")
+        return v
+
+    @field_validator("controlplane_queue_wait_seconds")
+    @classmethod
+    def _queue_wait(cls, v: float) -> float:
+        if not 0 < v < float("inf"):
+            raise ValueError(
+                f"NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS {v!r} must be a positive number of seconds"
+            )
         return v
 
     @field_validator("connector_pack_allowance", "connector_max_activity_slots")

@@ -20,16 +20,18 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
+from nexusctl.controlplane_queue import ControlPlaneBusyError, run_queued
 from nexusctl.failures import DATA_CONVERTER
 from workflows.common import PACK_KEY
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, PHASE_KEY
 from workflows.identity import DEPENDENCY_OBJECT_KEY
+
+__all__ = ["ControlPlaneBusyError", "start_controlplane"]
 
 SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [
     PHASE_KEY,
@@ -38,10 +40,6 @@ SEARCH_ATTRIBUTES: list[SearchAttributeKey[Any]] = [
     DEPENDENCY_OBJECT_KEY,
     PACK_KEY,
 ]
-
-
-class ControlPlaneBusyError(NexusError):
-    """A control-plane workflow already runs on this database."""
 
 
 def temporal_binary() -> str:
@@ -110,32 +108,20 @@ async def start_controlplane(
     arg: ApplyAllInput | OperationInput,
     *,
     task_queue: str | None = None,
+    no_queue: bool = False,
 ) -> WorkflowHandle[Any, ApplyAllResult]:
-    """Start a control-plane workflow (``ApplyAll``, ``RunRepair`` ...) on this database.
+    """Run a control-plane operation (``ApplyAll``, ``RunRepair`` ...) on this database.
 
-    The workflow id is ``controlplane/<database id>``. Raises
-    ``ControlPlaneBusyError`` naming the running workflow when one already
-    runs (exactly one control-plane mutation per database at a time).
+    Goes through the database's queue (``nexusctl.controlplane_queue``): waits
+    for its turn (up to ``settings.controlplane_queue_wait_seconds``, else
+    ``ControlPlaneQueueTimeout``) and returns the handle of the operation's
+    child workflow once it started. ``no_queue``: raise
+    ``ControlPlaneBusyError`` naming what runs when the control plane is busy.
+    ``task_queue`` overrides the settings' control-plane task queue.
     """
-    wf_id = settings.controlplane_workflow_id
-    try:
-        return await client.start_workflow(
-            workflow,
-            arg,
-            id=wf_id,
-            task_queue=task_queue or settings.controlplane_task_queue,
-            result_type=ApplyAllResult,
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(DATABASE_KEY, settings.database_id)]
-            ),
-        )
-    except WorkflowAlreadyStartedError as exc:
-        running = await client.get_workflow_handle(wf_id).describe()
-        raise ControlPlaneBusyError(
-            f"a control-plane operation ({running.workflow_type}) is already running on database "
-            f"{settings.database_id} (workflow id {wf_id}, run {running.run_id}); "
-            f"watch it with `temporal workflow describe -w {wf_id}` and start again when it ends"
-        ) from exc
+    if task_queue:
+        settings = settings.model_copy(update={"controlplane_task_queue": task_queue})
+    return await run_queued(client, settings, workflow, arg, no_queue=no_queue)
 
 
 def env_flag(name: str) -> bool:

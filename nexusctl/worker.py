@@ -25,6 +25,7 @@ from nexuscrm.settings import Settings
 from nexusctl.failures import with_bounded_failures
 from nexusctl.temporal import connect, ensure_search_attributes
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.controlplane_queue import QUEUE_WORKFLOWS
 from workflows.fleet import CONNECTOR_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
@@ -151,7 +152,7 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
     return Worker(
         with_bounded_failures(client),
         task_queue=task_queue or settings.controlplane_task_queue,
-        workflows=CONTROLPLANE_WORKFLOWS,
+        workflows=[*CONTROLPLANE_WORKFLOWS, *QUEUE_WORKFLOWS],
         activities=[*acts.all(), *GateActivities(engine, settings).all()],
         activity_executor=ThreadPoolExecutor(max_workers=8),
         max_concurrent_activities=8,

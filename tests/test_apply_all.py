@@ -166,8 +166,10 @@ async def test_broken_manifest_and_dependency_cycle_fail_with_names(
 async def test_second_start_on_same_database_is_refused(temporal_env, settings):
     async with build_worker(temporal_env.client, settings):
         first = await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
-        with pytest.raises(ControlPlaneBusyError, match="already running"):
-            await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+        with pytest.raises(ControlPlaneBusyError, match="is busy: ApplyAll running"):
+            await start_controlplane(
+                temporal_env.client, settings, "ApplyAll", ApplyAllInput(), no_queue=True
+            )
         result = await first.result()
     assert result.status == "completed"
     runs = [

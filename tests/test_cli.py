@@ -34,6 +34,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
+from nexuscrm.contracts.controlplane_queue import ControlPlaneEntityInput, QueueEntry
 from nexuscrm.controlplane import markers, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -42,8 +43,8 @@ from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
 from nexusctl.cli import controlplane
+from nexusctl.controlplane_queue import build_request, queue_status
 from nexusctl.devserver import reachable
-from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
 from tests.builders import (
     apply_all,
@@ -66,10 +67,34 @@ def _logging_on_real_stderr() -> Iterator[None]:
 
 
 async def latest_result(env: WorkflowEnvironment, settings: Settings) -> ApplyAllResult:
-    handle = env.client.get_workflow_handle(
-        settings.controlplane_workflow_id, result_type=ApplyAllResult
-    )
+    """The result of the control-plane queue's last operation (a worker must run)."""
+    status = await queue_status(env.client, settings)
+    last = status.running or status.recent[-1]
+    handle = env.client.get_workflow_handle(last.workflow_id, result_type=ApplyAllResult)
     return await handle.result()
+
+
+async def queue_without_worker(
+    env: WorkflowEnvironment, settings: Settings, arg: ApplyAllInput
+) -> str:
+    """The queue entity started, no worker yet, with an ApplyAll waiting in it (as if
+    submitted before the workers went away); the workflow id its child will have."""
+    req = build_request("ApplyAll", arg, settings)
+    entry = QueueEntry(
+        request_id="before",
+        workflow_id=f"{settings.controlplane_workflow_id}/ApplyAll/before",
+        operation="ApplyAll",
+        request=req,
+        enqueued_at="2026-01-01T00:00:00+00:00",
+        deadline="2999-01-01T00:00:00+00:00",
+    )
+    await env.client.start_workflow(
+        "ControlPlane",
+        ControlPlaneEntityInput(settings.database_id, queued=[entry]),
+        id=settings.controlplane_workflow_id,
+        task_queue=settings.controlplane_task_queue,
+    )
+    return entry.workflow_id
 
 
 def write_app_pack(path: Path, fields: list[dict[str, str]]) -> Path:
@@ -658,7 +683,7 @@ async def test_progress_without_worker_fails_fast_with_one_line(
     assert nothing.exit_code == 1, nothing.output
     assert "no control-plane workflow has run on database" in nothing.output
 
-    await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    await queue_without_worker(temporal_env, settings, ApplyAllInput())
     started = time.monotonic()
     stuck = await invoke_async(["progress"], env)
     assert time.monotonic() - started < 15
@@ -681,37 +706,32 @@ async def test_progress_without_worker_fails_fast_with_one_line(
 # a control-plane workflow already running: apply-all refuses, --attach and demo wait
 
 
-async def test_apply_all_refuses_a_busy_database_unless_attach(
+async def test_apply_all_queues_joins_with_attach_and_no_queue_refuses(
     temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
 ) -> None:
-    running = await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    waiting = await queue_without_worker(temporal_env, settings, ApplyAllInput())
     env = cli_env(settings, temporal_env)
-    busy = await invoke_async(["apply-all", "--wait"], env)
-    assert busy.exit_code == 1, busy.output
-    assert f"is already running on database {settings.database_id}" in one_line(busy.output)
-    assert "--attach" in busy.output
     pack = write_app_pack(tmp_path / "gizmo.yaml", [{"api_name": "Size__c", "type": "Number"}])
     async with build_worker(temporal_env.client, settings):
-        attached = await invoke_async(
-            ["apply-all", "--wait", "--attach", "--app-pack", str(pack)], env
-        )
+        # Identical (no packs asked): --attach joins the waiting ApplyAll.
+        attached = await invoke_async(["apply-all", "--wait", "--attach"], env)
+        # Other packs: not identical, so it gets (and waits for) its own turn.
+        own = await invoke_async(["apply-all", "--wait", "--attach", "--app-pack", str(pack)], env)
     assert attached.exit_code == 0, attached.output
-    # It waited for the running ApplyAll, which does not install this app pack: said so.
-    assert "started with other arguments (app packs: none) and is not restarted" in one_line(
-        attached.output
-    )
-    assert f"attached to the ApplyAll already running on database {settings.database_id}" in (
-        one_line(attached.output)
-    )
-    assert str(running.result_run_id) in attached.output
-    assert "started ApplyAll" not in attached.output
-    assert "completed" in attached.output
+    # Queued, starting or running by the time it joined: the same entry.
+    assert "attached to the ApplyAll already" in attached.output
+    assert f"on database {settings.database_id}" in one_line(attached.output)
+    assert waiting in attached.output and "started ApplyAll" not in attached.output
+    assert own.exit_code == 0, own.output
+    assert waiting not in own.output and "completed" in own.output
+    engine = make_engine(settings.database_url)
+    assert "Gizmo__c" in inspect(engine).get_table_names()
 
 
 async def test_demo_on_a_running_server_attaches_to_the_running_apply_all(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    handle = await start_controlplane(temporal_env.client, settings, "ApplyAll", ApplyAllInput())
+    waiting = await queue_without_worker(temporal_env, settings, ApplyAllInput())
     env = cli_env(settings, temporal_env)
     result = await invoke_async(["demo"], env)
     assert result.exit_code == 0, result.output
@@ -719,8 +739,9 @@ async def test_demo_on_a_running_server_attaches_to_the_running_apply_all(
     address = env["NEXUS_TEMPORAL_ADDRESS"]
     assert f"using the Temporal server already listening at {address}" in output
     assert "compete" not in output  # no other worker polls: nothing to warn of
-    assert f"attached to the ApplyAll already running on database {settings.database_id}" in output
+    assert "attached to the ApplyAll already" in output and waiting in output
     assert "started ApplyAll" not in output
+    handle = temporal_env.client.get_workflow_handle(waiting, result_type=ApplyAllResult)
     assert (await handle.result()).status == "completed"
     assert_no_text_after_table(result.output)
     assert "platform-core" in result.output  # the closing status tables
@@ -807,7 +828,8 @@ async def test_demo_ctrl_c_stops_at_once_and_apply_all_resumes_later(tmp_path: P
         second.kill()
         kill_dev_servers(port)
     out = one_line(second.stdout)
-    assert "attached to the ApplyAll already running" in out, second.stdout + second.stderr
+    # It joined the interrupted ApplyAll (running, or still queued if Ctrl-C came first).
+    assert "attached to the ApplyAll already" in out, second.stdout + second.stderr
     assert "warning:" not in second.stderr  # the same app packs: nothing to warn about
     assert "completed in" in out and "big-app" in out
     assert dev_server_pids(port) == []

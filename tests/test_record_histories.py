@@ -6,7 +6,8 @@ to be released (``NEXUS_RECORD_HISTORIES=1 pytest -q tests/test_record_histories
 fleet whose pool ran, was rebuilt and which continued-as-new, the first pool's
 supervisor (started, rebuilt away, drained) and one of its workers, and prints
 the history events per hour of an idle fleet, supervisor and worker with the
-default settings (measured over ``NEXUS_MEASURE_SECONDS``, 30 s by default).
+default settings (measured over ``NEXUS_MEASURE_SECONDS``, 30 s by default);
+and the control-plane queue entity with an ApplyAll and a RemovePack child.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from temporalio.client import Client, WorkflowHistory
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import ApplyAllInput
+from nexuscrm.contracts.controlplane_queue import RemovePackInput
 from nexuscrm.db.engine import make_engine
-from nexusctl.temporal import fleet_input, start_fleet
-from nexusctl.worker import build_connector_worker
+from nexusctl.controlplane_queue import run_queued, settled
+from nexusctl.temporal import fleet_input, start_controlplane, start_fleet
+from nexusctl.worker import build_connector_worker, build_worker
 from tests.builders import (
     connector_settings,
     fast_fleet,
@@ -96,3 +100,24 @@ async def test_record_fleet_supervisor_and_worker_histories(temporal_env, settin
             print(f"idle {name}: {(a - b) * 3600 / seconds:.0f} events/hour")
         await fleet.signal("stop")
         await fleet.result()
+
+
+async def test_record_controlplane_queue_histories(temporal_env, settings, tmp_path):
+    """The queue entity after an ApplyAll (an app pack) and a RemovePack, and both children."""
+    pack = tmp_path / "gizmo.yaml"
+    pack.write_text(
+        "name: gizmo-app\ncategory: AppPack\ndepends_on: [platform-core]\n"
+        "objects:\n  - api_name: Gizmo__c\n    fields: [{api_name: Size__c, type: Number}]\n"
+    )
+    client = temporal_env.client
+    async with build_worker(client, settings):
+        apply = await start_controlplane(
+            client, settings, "ApplyAll", ApplyAllInput(app_pack_sources=[str(pack)])
+        )
+        await apply.result()
+        remove = await run_queued(client, settings, "RemovePack", RemovePackInput("gizmo-app"))
+        await remove.result()
+        await settled(client, settings, remove.id.rsplit("/", 1)[-1])
+        entity = client.get_workflow_handle(settings.controlplane_workflow_id)
+        for kind, handle in (("ControlPlane", entity), ("ApplyAll", apply), ("RemovePack", remove)):
+            print(save(kind, await handle.fetch_history()))

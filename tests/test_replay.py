@@ -26,6 +26,7 @@ from temporalio.worker import Replayer
 
 from nexusctl.failures import DATA_CONVERTER
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.controlplane_queue import QUEUE_WORKFLOWS
 from workflows.fleet import CONNECTOR_WORKFLOWS
 from workflows.identity import IDENTITY_WORKFLOWS
 
@@ -45,7 +46,12 @@ def test_every_long_lived_workflow_type_has_a_history() -> None:
 async def test_recorded_history_replays_on_todays_code(path: Path) -> None:
     history = WorkflowHistory.from_json(path.name, gzip.decompress(path.read_bytes()).decode())
     replayer = Replayer(
-        workflows=[*CONTROLPLANE_WORKFLOWS, *CONNECTOR_WORKFLOWS, *IDENTITY_WORKFLOWS],
+        workflows=[
+            *CONTROLPLANE_WORKFLOWS,
+            *QUEUE_WORKFLOWS,
+            *CONNECTOR_WORKFLOWS,
+            *IDENTITY_WORKFLOWS,
+        ],
         data_converter=DATA_CONVERTER,
     )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

@@ -1,9 +1,11 @@
 """Control-plane workflows: ApplyAll and its sibling operations.
 
-Every one runs under the workflow id ``controlplane/<database id>``, so
-Temporal refuses a second control-plane mutation on a database while one runs
-(the seed's ``GET_LOCK('nexuscrm_controlplane_apply')``). Each run first takes
-a new lease epoch; every mutating activity checks it before it writes.
+The database's control-plane queue (``workflows.controlplane_queue``, the
+seed's ``GET_LOCK('nexuscrm_controlplane_apply')``) runs each of them as its
+child ``controlplane/<database id>/<operation>/<request id>``, one at a time;
+a run started directly under ``controlplane/<database id>`` (before the
+queue) still works. Each run first takes a new lease epoch; every mutating
+activity checks it before it writes.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ PHASE_TIMEOUTS: dict[str, timedelta] = {
     "ensure-indexes": timedelta(hours=2),
     "verify": timedelta(minutes=30),
 }
+
+
+def database_id_of(workflow_id: str) -> str:
+    """The database id a control-plane workflow id names.
+
+    ``controlplane/<database id>`` (the queue entity, or a run started
+    directly) or ``controlplane/<database id>/<operation>/<request id>`` (an
+    operation the queue runs as its child); database ids never hold ``/``.
+    """
+    return workflow_id.removeprefix("controlplane/").split("/")[0]
 
 
 def _cause(err: BaseException) -> str:
@@ -146,7 +158,7 @@ class _PhaseRunner:
             raise ApplicationError(problem, non_retryable=True)
         self.run_id = workflow.info().run_id
         self.heartbeat = timedelta(seconds=heartbeat_s)
-        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        database_id = database_id_of(workflow.info().workflow_id)
         workflow.upsert_search_attributes(
             [OPERATION_KEY.value_set(self.operation), DATABASE_KEY.value_set(database_id)]
         )
@@ -192,7 +204,7 @@ class _PhaseRunner:
 
     async def _notify_connectors(self) -> None:
         """Ask the connector fleet to reconcile (packs may have changed); no-op when none runs."""
-        database_id = workflow.info().workflow_id.removeprefix("controlplane/")
+        database_id = database_id_of(workflow.info().workflow_id)
         handle = workflow.get_external_workflow_handle(f"connector-fleet/{database_id}")
         try:
             await handle.signal("reconcile")

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, MetaData, Text, inspect, select, upda
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.contracts import PlannedPackInfo
-from nexuscrm.controlplane import lease
+from nexuscrm.controlplane import lease, markers
 from nexuscrm.controlplane.packs_plan import (
     TYPE_FAMILIES,
     PlanState,
@@ -491,7 +491,14 @@ def mark_pack_status(engine: Engine, name: str, status: str) -> None:
         )
 
 
-def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
+def remove_pack(
+    engine: Engine,
+    name: str,
+    *,
+    force: bool = False,
+    epoch: int | None = None,
+    run_id: str = "",
+) -> str:
     """Mark an installed App/Connector pack ``removed``; return its previous status.
 
     Tables, columns and data stay (schema changes are additive, as in the
@@ -500,12 +507,19 @@ def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
     draining are marked ``removed`` with it; the work items still queued for
     them are failed ``pack-removed`` by the connector side
     (``nexuscrm.connectors.incarnations.fail_removed_items``, run by ``nexusctl
-    packs remove`` and by every fleet reconcile). Raises ``PackError`` for an
-    unknown or platform pack, or one that another installed pack depends on
-    (unless ``force``: a host that removes the dependents next, or a test of
-    what they do meanwhile).
+    packs remove`` and by every fleet reconcile). In the same transaction the
+    ApplyAll marker (when there is one) becomes ``invalidated`` (stamped with
+    ``run_id``), so the next auto-start re-applies instead of trusting a
+    marker that proved the old pack set (the seed's
+    ``withControlPlaneMutationLock``). ``epoch``: the lease epoch of the
+    ``RemovePack`` run, checked in that transaction (``None``: a direct call
+    from a test or tool, unfenced). Raises ``PackError`` for an unknown or
+    platform pack, or one that another installed pack depends on (unless
+    ``force``: a host that removes the dependents next, or a test of what
+    they do meanwhile); ``LeaseLostError`` when a newer run took the lease.
     """
     with engine.begin() as conn:
+        lease.require(conn, epoch)
         row = conn.execute(
             select(t.installed_pack.c.Category, t.installed_pack.c.Status).where(
                 t.installed_pack.c.Name == name
@@ -545,4 +559,6 @@ def remove_pack(engine: Engine, name: str, *, force: bool = False) -> str:
             .where(inc.c.Name == name, inc.c.Status == INCARNATION_DRAINING)
             .values(Status=INCARNATION_REMOVED, RetiredDate=utcnow(), LastModifiedDate=utcnow())
         )
+        if markers.read(conn) is not None:
+            markers.mark(conn, markers.MarkerStatus.invalidated, run_id, "RemovePack")
         return str(row.Status)

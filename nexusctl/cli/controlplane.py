@@ -30,7 +30,13 @@ from nexuscrm.contracts import (
     PhaseReport,
     heartbeat_timeout_problem,
 )
+from nexuscrm.contracts.controlplane_queue import (
+    QUEUED_OPERATIONS,
+    ControlPlaneTicket,
+    RemovePackInput,
+)
 from nexuscrm.controlplane.candidate import load_candidate
+from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
     QUERY_TIMEOUT,
@@ -50,10 +56,21 @@ from nexusctl.cli.render import (
     phase_table,
     print_status,
     print_summary,
+    queue_table,
     warn,
 )
 from nexusctl.cli.retrying import with_retries
-from nexusctl.temporal import ControlPlaneBusyError, connect, start_controlplane
+from nexusctl.controlplane_queue import (
+    ENTITY_TYPE,
+    ControlPlaneBusyError,
+    build_request,
+    operation_handle,
+    queue_status,
+    settled,
+    submit,
+    wait_turn,
+)
+from nexusctl.temporal import connect
 
 # The single operations: workflow type and help text (the command is the
 # workflow type in kebab case: RunRepair -> run-repair).
@@ -126,106 +143,83 @@ async def _watch(handle: WorkflowHandle[Any, ApplyAllResult], title: str) -> App
     return result
 
 
-async def _started_with(client: Client, handle: WorkflowHandle[Any, Any]) -> ApplyAllInput | None:
-    """The input a running ApplyAll was started with (None if it cannot be read)."""
-    with contextlib.suppress(Exception):
-        async for event in handle.fetch_history_events():
-            payloads = event.workflow_execution_started_event_attributes.input.payloads
-            (value,) = await client.data_converter.decode(payloads, [ApplyAllInput])
-            return value if isinstance(value, ApplyAllInput) else None
-    return None
-
-
-async def _warn_if_not_ours(
-    client: Client,
-    handle: WorkflowHandle[Any, Any],
-    running_type: str,
-    workflow: str,
-    arg: ApplyAllInput | OperationInput,
-) -> None:
-    """Attached to a running workflow: say so when it is not the one this command asked for."""
-    if running_type != workflow:
-        warn(
-            f"the running workflow is {running_type}, not {workflow}: waiting for it; "
-            f"start {workflow} again when it ends"
+def _announce(settings: Settings, workflow: str, ticket: ControlPlaneTicket) -> None:
+    """Say what became of the request: started, queued behind others, or joined."""
+    entry = ticket.entry
+    where = f"database {settings.database_id}"
+    if ticket.coalesced:
+        console.print(
+            f"attached to the {entry.operation} already {entry.state} on {where}: workflow id "
+            f"[bold]{entry.workflow_id}[/bold] ({entry.waiters} requests share its result)"
         )
-        return
-    if not isinstance(arg, ApplyAllInput):
-        return
-    theirs = await _started_with(client, handle)
-    ours_packs, ours_sample = sorted(arg.app_pack_sources), arg.include_dev_sample
-    # Asking for nothing (no --app-pack, no --dev-sample flag) is satisfied by any run.
-    satisfied = (
-        theirs is not None
-        and (not ours_packs or sorted(theirs.app_pack_sources) == ours_packs)
-        and (ours_sample is None or ours_sample == theirs.include_dev_sample)
-    )
-    if satisfied:
-        return
-    started = ", ".join(theirs.app_pack_sources) if theirs is not None else "unknown"
-    warn(
-        f"the running ApplyAll was started with other arguments (app packs: {started or 'none'}) "
-        "and is not restarted: run this command again when it ends"
-    )
+    elif ticket.ahead:
+        console.print(
+            f"queued {workflow} on {where} behind {'; '.join(ticket.ahead)}: workflow id "
+            f"[bold]{entry.workflow_id}[/bold] starts when its turn comes (dropped if it has "
+            f"not started by {entry.deadline})"
+        )
+    else:
+        console.print(f"started {workflow}: workflow id [bold]{entry.workflow_id}[/bold] ({where})")
 
 
 async def run_operation(
     settings: Settings,
     workflow: str,
-    arg: ApplyAllInput | OperationInput,
+    arg: ApplyAllInput | OperationInput | RemovePackInput,
     wait: bool,
     *,
     attach: bool = False,
-    attach_hint: bool = False,
+    no_queue: bool = False,
     own_worker: bool = False,
 ) -> ApplyAllResult | None:
-    """Start ``workflow`` on the database; with ``wait``, show progress and return its result.
+    """Queue ``workflow`` on the database; with ``wait``, wait for its turn, show progress,
+    return its result.
 
-    When a control-plane workflow already runs on the database: ``attach``
-    waits for that one instead; otherwise fail with the busy message.
-    ``own_worker``: this process runs the worker (no poller check).
+    Every operation goes through the database's control-plane queue
+    (``nexusctl.controlplane_queue``): it runs now when the control plane is
+    idle, else waits its turn up to ``NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS``
+    (then fails with a timeout). ``no_queue``: fail at once while busy.
+    ``attach``: join an identical request already queued or running (an
+    ``auto_start`` ApplyAll always does). ``own_worker``: this process runs
+    the worker (no poller check).
     """
     client = await connect(settings)
     task_queue = settings.controlplane_task_queue
-    try:
-        handle = await start_controlplane(client, settings, workflow, arg)
-        RUN.workflow, RUN.workflow_id = workflow, handle.id
-        console.print(
-            f"started {workflow}: workflow id [bold]{handle.id}[/bold] "
-            f"(database {settings.database_id})"
-        )
-    except ControlPlaneBusyError as exc:
-        if not attach:
-            fail(f"{exc}" + (" (or pass --attach to wait for it)" if attach_hint else ""))
-        wf_id = settings.controlplane_workflow_id
-        running = await client.get_workflow_handle(wf_id).describe()
-        handle = client.get_workflow_handle(
-            wf_id, run_id=running.run_id, result_type=ApplyAllResult
-        )
-        task_queue = running.task_queue
-        RUN.workflow, RUN.workflow_id = running.workflow_type, wf_id
-        console.print(
-            f"attached to the {running.workflow_type} already running on database "
-            f"{settings.database_id}: workflow id [bold]{wf_id}[/bold] (run {running.run_id})"
-        )
-        await _warn_if_not_ours(client, handle, running.workflow_type, workflow, arg)
-    if not wait:
-        console.print(f"watch it: nexusctl progress (or temporal workflow describe -w {handle.id})")
-        return None
     if not own_worker:
-        await _warn_if_no_worker(client, settings, task_queue, f"{RUN.workflow} {handle.id}")
+        # The request is answered by a worker: say so before waiting for one.
+        await _warn_if_no_worker(client, settings, task_queue, f"{workflow} on the database")
+    req = build_request(workflow, arg, settings, no_queue=no_queue, coalesce=attach)
     try:
-        result = await _watch(handle, f"{RUN.workflow} on {settings.database_id}")
+        ticket = await submit(client, settings, req)
+    except ControlPlaneBusyError as exc:
+        fail(str(exc))
+    RUN.workflow, RUN.workflow_id = workflow, ticket.entry.workflow_id
+    _announce(settings, workflow, ticket)
+    if not wait:
+        console.print(
+            f"watch it: nexusctl queue, nexusctl progress "
+            f"(or temporal workflow describe -w {ticket.entry.workflow_id})"
+        )
+        return None
+    try:
+        entry = await wait_turn(client, settings, ticket, req.wait_seconds)
+    except NexusError as exc:
+        fail(str(exc))
+    handle = operation_handle(client, entry)
+    try:
+        result = await _watch(handle, f"{entry.operation} on {settings.database_id}")
     except WorkflowFailureError as exc:
+        await settled(client, settings, entry.request_id)
         fail(str(exc.cause))
     except asyncio.CancelledError:  # Ctrl-C: only this client stops
         if not own_worker:
             err_console.print(
-                f"interrupted: {RUN.workflow} {handle.id} keeps running; "
-                "watch it with `nexusctl progress`",
+                f"interrupted: {entry.operation} {handle.id} keeps running (or waits its turn); "
+                "watch it with `nexusctl queue` / `nexusctl progress`",
                 soft_wrap=True,
             )
         raise
+    await settled(client, settings, entry.request_id)
     print_summary(result)
     return result
 
@@ -240,6 +234,16 @@ def _heartbeat_timeout(value: float) -> float:
     if problem:
         raise typer.BadParameter(problem)
     return value
+
+
+NoQueue = Annotated[
+    bool,
+    typer.Option(
+        "--no-queue",
+        help="Refuse at once (exit 1) when another control-plane operation runs or waits on "
+        "the database, instead of waiting for its turn.",
+    ),
+]
 
 
 def apply_all(
@@ -263,8 +267,8 @@ def apply_all(
     attach: Annotated[
         bool,
         typer.Option(
-            help="If a control-plane workflow already runs on the database, wait for that one "
-            "(with --wait) instead of failing."
+            help="Join an identical ApplyAll (same policy and packs) already queued or running "
+            "instead of queueing another; never another operation (auto_start always joins)."
         ),
     ] = False,
     candidate: Annotated[
@@ -282,8 +286,13 @@ def apply_all(
             "that `nexusctl rebuild-derived` settles in the activation window."
         ),
     ] = False,
+    no_queue: NoQueue = False,
 ) -> None:
-    """Start ApplyAll on the configured database (a running worker does the work)."""
+    """Queue ApplyAll on the configured database (a running worker does the work).
+
+    It runs when the database's earlier control-plane operations are done,
+    waiting up to NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS (600) for its turn.
+    """
     settings = load_settings()
     _refuse_dev_sample_in_production(settings, dev_sample)
     spec = load_candidate(candidate) if candidate is not None else None
@@ -298,7 +307,7 @@ def apply_all(
         defer_formula_view_rebuild=defer_formula_view_rebuild,
         candidate=spec,
     )
-    asyncio.run(run_operation(settings, "ApplyAll", arg, wait, attach=attach, attach_hint=True))
+    asyncio.run(run_operation(settings, "ApplyAll", arg, wait, attach=attach, no_queue=no_queue))
 
 
 def _refuse_dev_sample_in_production(settings: Settings, dev_sample: bool | None) -> None:
@@ -317,11 +326,12 @@ def _operation(workflow: str, doc: str) -> Callable[..., None]:
         app_pack: AppPack = None,
         dev_sample: DevSample = None,
         wait: Annotated[bool, typer.Option(help="Wait and show progress.")] = False,
+        no_queue: NoQueue = False,
     ) -> None:
         settings = load_settings()
         _refuse_dev_sample_in_production(settings, dev_sample)
         arg = OperationInput(sources(app_pack), dev_sample)
-        result = asyncio.run(run_operation(settings, workflow, arg, wait))
+        result = asyncio.run(run_operation(settings, workflow, arg, wait, no_queue=no_queue))
         if result is not None and result.status == "partial":
             # A partial apply is not a ready control plane (the seed's cmd/setup).
             fail(
@@ -338,23 +348,67 @@ def _command_name(workflow: str) -> str:
     return "".join("-" + c.lower() if c.isupper() else c for c in workflow).lstrip("-")
 
 
+def _no_answer(
+    settings: Settings, running: Any, what: str, exc: RPCError, pollers: list[Any] | None
+) -> None:
+    status = running.status.name.lower() if running.status else "unknown"
+    head = f"{running.workflow_type} {running.id} ({status}) did not answer the {what} query"
+    if pollers == []:
+        fail(
+            f"{head}: no worker is polling task queue {running.task_queue}; "
+            + _start_worker_hint(settings)
+        )
+    fail(f"{head}: {exc.message}")
+
+
+async def _latest_operation(client: Client, settings: Settings, entity: Any) -> str | None:
+    """The child workflow id of the running (else the last started) queued operation."""
+    try:
+        queue = await queue_status(client, settings)
+    except RPCError as exc:
+        # No worker to answer: the server's list still knows a finished operation.
+        types = ", ".join(f"'{op}'" for op in QUEUED_OPERATIONS)
+        listed = [
+            w
+            async for w in client.list_workflows(
+                f"NexusDatabase = '{settings.database_id}' AND WorkflowType IN ({types})"
+            )
+        ]
+        latest = max(listed, key=lambda w: w.start_time, default=None)
+        if latest is not None and latest.status != WorkflowExecutionStatus.RUNNING:
+            return str(latest.id)
+        pollers = await active_pollers(client, entity.task_queue)
+        _no_answer(settings, entity, "status", exc, pollers)
+    if queue.running is not None:
+        return queue.running.workflow_id
+    ran = [e for e in queue.recent if e.started_at]
+    return ran[-1].workflow_id if ran else None
+
+
 def progress() -> None:
-    """Show the phases of the latest control-plane workflow on this database."""
+    """Show the phases of the running (else the latest) control-plane operation on this database."""
     settings = load_settings()
     wf_id = settings.controlplane_workflow_id
 
     async def go() -> None:
         client: Client = await connect(settings)
+        never = (
+            f"no control-plane workflow has run on database {settings.database_id} yet "
+            f"(workflow id {wf_id}); start one with `nexusctl apply-all`"
+        )
         handle = client.get_workflow_handle(wf_id, result_type=ApplyAllResult)
         try:
             running = await handle.describe()
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
-            fail(
-                f"no control-plane workflow has run on database {settings.database_id} yet "
-                f"(workflow id {wf_id}); start one with `nexusctl apply-all`"
-            )
+            fail(never)
+        if running.workflow_type == ENTITY_TYPE:  # the queue: show its latest operation
+            child_id = await _latest_operation(client, settings, running)
+            if child_id is None:
+                fail(never)
+            handle = client.get_workflow_handle(child_id, result_type=ApplyAllResult)
+            running = await handle.describe()
         status = running.status.name.lower() if running.status else "unknown"
         if running.status == WorkflowExecutionStatus.COMPLETED:
             phases = (await handle.result()).phases  # no worker needed
@@ -363,18 +417,35 @@ def progress() -> None:
                 phases = await _query_progress(handle)
             except RPCError as exc:
                 pollers = await active_pollers(client, running.task_queue)
-                if pollers == []:
-                    fail(
-                        f"{running.workflow_type} {wf_id} ({status}) did not answer the progress "
-                        f"query: no worker is polling task queue {running.task_queue}; "
-                        + _start_worker_hint(settings)
-                    )
-                fail(
-                    f"{running.workflow_type} {wf_id} ({status}) did not answer the progress "
-                    f"query: {exc.message}"
-                )
-        title = f"{running.workflow_type} {wf_id} ({status}, run {running.run_id})"
+                _no_answer(settings, running, "progress", exc, pollers)
+        title = f"{running.workflow_type} {running.id} ({status}, run {running.run_id})"
         console.print(phase_table(phases, title))
+
+    asyncio.run(go())
+
+
+def queue() -> None:
+    """Show the database's control-plane queue: what runs, what waits, the last finished."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client: Client = await connect(settings)
+        wf_id = settings.controlplane_workflow_id
+        try:
+            entity = await client.get_workflow_handle(wf_id).describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            fail(f"no control-plane operation was queued on database {settings.database_id} yet")
+        if entity.workflow_type != ENTITY_TYPE:
+            fail(f"{entity.workflow_type} {wf_id} runs outside the queue (started before it)")
+        try:
+            state = await queue_status(client, settings)
+        except RPCError as exc:
+            _no_answer(
+                settings, entity, "status", exc, await active_pollers(client, entity.task_queue)
+            )
+        console.print(queue_table(state))
 
     asyncio.run(go())
 
@@ -390,4 +461,5 @@ def register(app: typer.Typer) -> None:
     for workflow, doc in OPERATIONS:
         app.command(_command_name(workflow))(_operation(workflow, doc))
     app.command()(progress)
+    app.command()(queue)
     app.command()(status)

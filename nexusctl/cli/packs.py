@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -16,7 +15,8 @@ from sqlalchemy import Engine
 from nexuscrm import catalog
 from nexuscrm.catalog import object_table
 from nexuscrm.connectors.incarnations import FAILURE_PACK_REMOVED, fail_removed_items
-from nexuscrm.controlplane.packs_apply import load_plan, remove_pack
+from nexuscrm.contracts.controlplane_queue import RemovePackInput
+from nexuscrm.controlplane.packs_apply import load_plan
 from nexuscrm.controlplane.packs_plan import PlanState, plan_problems, record_pack, resolve_object
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
@@ -24,39 +24,43 @@ from nexuscrm.errors import NexusError, PackProblems, Problem, format_problems
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.packs.model import Category, ObjectSpec, PackManifest
 from nexusctl.cli.common import existing_engine, load_settings
+from nexusctl.cli.controlplane import run_operation
 from nexusctl.cli.render import console, err_console, fail, require_engine, warn
-from nexusctl.temporal import connect, signal_fleet
 
 packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 
 
 @packs_app.command("remove")
-def packs_remove(name: str) -> None:
+def packs_remove(
+    name: str,
+    no_queue: Annotated[
+        bool,
+        typer.Option(
+            "--no-queue",
+            help="Refuse at once when another control-plane operation runs or waits.",
+        ),
+    ] = False,
+) -> None:
     """Remove an installed app or connector pack (its tables and data stay).
 
-    A connector pack's work items still queued (pending, processing, blocked)
-    are failed with class ``pack-removed`` (replayable), never left stranded.
+    Goes through the database's control-plane queue like every mutation: it
+    waits its turn (NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS), then retires the
+    pack and invalidates the ApplyAll marker in one transaction, and tells the
+    connector fleet to reconcile. A connector pack's work items still queued
+    (pending, processing, blocked) are failed with class ``pack-removed``
+    (replayable), never left stranded. Needs a running worker.
     """
     settings = load_settings()
     engine = require_engine(settings)
-    try:
-        previous = remove_pack(engine, name)
-    except NexusError as exc:
-        fail(str(exc))
-    # A removed connector pack gets no pool: its queued items fail pack-removed now.
-    stranded = fail_removed_items(engine)
-
-    async def notify() -> bool:
-        with contextlib.suppress(Exception):
-            return await signal_fleet(await connect(settings), settings, "reconcile")
-        return False
-
-    signalled = asyncio.run(notify())
-    console.print(
-        f"removed {name} (was {previous})"
-        + (f"; {stranded} queued work item(s) failed {FAILURE_PACK_REMOVED}" if stranded else "")
-        + ("; connector fleet told to reconcile" if signalled else "")
+    result = asyncio.run(
+        run_operation(settings, "RemovePack", RemovePackInput(name), True, no_queue=no_queue)
     )
+    # A removed connector pack gets no pool: its queued items fail pack-removed now
+    # (every fleet reconcile sweeps them too).
+    stranded = fail_removed_items(engine)
+    if result is not None:
+        swept = f"; {stranded} queued work item(s) failed {FAILURE_PACK_REMOVED}"
+        console.print(result.reason + (swept if stranded else ""))
 
 
 @packs_app.command("import-sfdx")

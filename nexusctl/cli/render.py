@@ -22,6 +22,7 @@ from temporalio.service import RPCError
 from typer.core import TyperGroup
 
 from nexuscrm.contracts import ApplyAllResult, PhaseReport
+from nexuscrm.contracts.controlplane_queue import ControlPlaneQueueStatus
 from nexuscrm.controlplane import markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
@@ -198,6 +199,29 @@ def phase_table(phases: list[PhaseReport], title: str) -> Table:
         secs = f"{p.duration_s:.2f}" if p.duration_s is not None else ""
         note = clip(p.error or p.detail or "")
         table.add_row(p.name, f"[{color}]{p.status}[/{color}]", secs, Text(note))
+    return table
+
+
+def queue_table(state: ControlPlaneQueueStatus) -> Table:
+    """Rich table of a control-plane queue: the running entry, the queued ones in order,
+    then the last finished (newest last)."""
+    table = Table(title=f"control-plane queue of {state.database_id}")
+    for col in ("state", "operation", "workflow id", "waiters", "since", "deadline / outcome"):
+        table.add_column(col)
+    colors = {"completed": "green", "failed": "red", "running": "yellow", "expired": "red"}
+    rows = [*state.recent[-10:], *([state.running] if state.running else []), *state.queued]
+    for e in rows:
+        color = colors.get(e.state, "white")
+        since = e.finished_at or e.started_at or e.enqueued_at
+        note = e.deadline if e.state == "queued" else e.outcome
+        table.add_row(
+            f"[{color}]{e.state}[/{color}]",
+            e.operation,
+            Text(e.workflow_id),
+            str(e.waiters),
+            since[:19],
+            Text(note[:160]),
+        )
     return table
 
 

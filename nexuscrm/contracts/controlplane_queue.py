@@ -1,0 +1,138 @@
+"""Contracts of the control-plane queue: the per-database entity workflow
+``ControlPlane`` (id ``controlplane/<database id>``) and ``RemovePack``.
+
+A caller sends a :class:`ControlPlaneRequest` by the ``submit`` update and
+gets a :class:`ControlPlaneTicket`; the ``status`` query returns a
+:class:`ControlPlaneQueueStatus`. Plain dataclasses carried by Temporal's JSON
+payload converter: class, field names and field order are the wire format of
+running workflows' histories (new fields only at the end, with defaults).
+
+No ``from __future__ import annotations`` (see ``contracts/controlplane.py``).
+"""
+
+from dataclasses import dataclass, field
+
+from nexuscrm.contracts.controlplane import ApplyAllInput, OperationInput
+
+# Workflow types the entity runs as children (the operation of a request).
+QUEUED_OPERATIONS = (
+    "ApplyAll",
+    "RunRepair",
+    "RebuildDerived",
+    "EnsureIndexes",
+    "ApplyPacks",
+    "InitL0",
+    "ApplySourceConvergence",
+    "RemovePack",
+)
+
+
+@dataclass
+class RemovePackInput:
+    """Start arguments of ``RemovePack``: the installed app/connector pack to retire."""
+
+    name: str = ""
+    heartbeat_timeout_seconds: float = 30.0
+
+
+@dataclass
+class RemovePackRequest:
+    """Input of the ``controlplane.remove_pack`` activity: run id, lease epoch, pack name."""
+
+    run_id: str
+    epoch: int
+    name: str
+
+
+@dataclass
+class ControlPlaneRequest:
+    """One control-plane operation asked of the entity (``submit`` update).
+
+    operation: a workflow type of ``QUEUED_OPERATIONS``.
+    apply_all / operation_input / remove_pack: the child's start argument
+      (the one matching ``operation``; the others ``None``).
+    no_queue: refuse at once (update rejected) when anything runs or is queued.
+    coalesce: join an identical request (same operation, policy and input)
+      that is queued or running instead of queueing another; always on for an
+      ``auto_start`` ApplyAll. Never joins another operation type.
+    wait_seconds: how long the request may wait for its turn; past it, a
+      queued request is dropped (state ``expired``) and never runs.
+    requester: free text shown by ``status`` (host, pid).
+    """
+
+    operation: str
+    apply_all: ApplyAllInput | None = None
+    operation_input: OperationInput | None = None
+    remove_pack: RemovePackInput | None = None
+    no_queue: bool = False
+    coalesce: bool = False
+    wait_seconds: float = 600.0
+    requester: str = ""
+
+
+@dataclass
+class QueueEntry:
+    """One operation of the queue, as ``status`` shows it.
+
+    request_id: the entity's id for it; workflow_id: its child workflow id,
+      ``controlplane/<database id>/<operation>/<request id>`` (fixed when it is
+      queued, so a caller can watch it once it runs).
+    state: queued | starting (its child is being started) | running | completed |
+      failed | expired.
+    waiters: requests answered by this entry (coalesced requests add one).
+    enqueued_at / deadline / started_at / finished_at: ISO-8601 UTC (workflow time);
+      deadline: when a still-queued entry is dropped.
+    outcome: the child's result status and reason, or its error.
+    """
+
+    request_id: str
+    workflow_id: str
+    operation: str
+    request: ControlPlaneRequest
+    state: str = "queued"
+    waiters: int = 1
+    enqueued_at: str = ""
+    deadline: str = ""
+    started_at: str = ""
+    finished_at: str = ""
+    outcome: str = ""
+
+
+@dataclass
+class ControlPlaneTicket:
+    """The ``submit`` update's answer.
+
+    entry: the entry that will answer the request (a coalesced request gets
+      the entry it joined); coalesced: it joined one; position: 0 when
+      running, else 1-based place in the queue; ahead: what runs before it.
+    """
+
+    entry: QueueEntry
+    coalesced: bool = False
+    position: int = 0
+    ahead: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ControlPlaneQueueStatus:
+    """The ``status`` query: what runs, what waits (in order), the last finished entries."""
+
+    database_id: str
+    running: QueueEntry | None = None
+    queued: list[QueueEntry] = field(default_factory=list)
+    recent: list[QueueEntry] = field(default_factory=list)
+
+
+@dataclass
+class ControlPlaneEntityInput:
+    """Start (and continue-as-new) arguments of the ``ControlPlane`` entity.
+
+    queued / recent: carried across continue-as-new; continue_as_new_after:
+    history events after which the entity continues as new between two
+    operations (0: only when the server suggests it).
+    """
+
+    database_id: str
+    queued: list[QueueEntry] = field(default_factory=list)
+    recent: list[QueueEntry] = field(default_factory=list)
+    continue_as_new_after: int = 0

@@ -1,0 +1,421 @@
+"""The control-plane queue (issue 12 items 1, 2 and the serialization of 10).
+
+One ``ControlPlane`` entity per database runs every mutating operation as a
+child, one at a time: concurrent auto-starts coalesce, an operator ApplyAll
+waits behind a RunRepair, ``--no-queue`` refuses while busy, a waiter past
+its bound times out, ``packs remove`` waits its turn and invalidates the
+marker. Real dev server, real worker, SQLite and MariaDB; the real CLI (ten
+auto-starts are separate OS processes). An operation is held mid-run by a
+gate in front of one real activity, released when the test has seen what it
+needs, so nothing depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.controlplane import ControlPlaneActivities
+from nexuscrm.contracts import ApplyAllInput, OperationInput
+from nexuscrm.contracts.controlplane_queue import ControlPlaneEntityInput
+from nexuscrm.controlplane import markers
+from nexuscrm.db import tables as t
+from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
+from nexusctl.controlplane_queue import build_request, queue_status, submit
+from nexusctl.worker import build_worker
+from tests.builders import apply_all, cli_env, executions, invoke_async
+from workflows.controlplane import CONTROLPLANE_WORKFLOWS
+from workflows.controlplane_queue import QUEUE_WORKFLOWS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gated_worker(client: Client, settings: Settings, gated: str, gate: threading.Event) -> Worker:
+    """The control-plane worker, with activity method ``gated`` held until ``gate`` is set.
+
+    The held activity heartbeats while it waits, then runs the real one.
+    """
+    acts = ControlPlaneActivities(make_engine(settings.database_url), settings)
+    activities: list[Callable[..., Any]] = []
+    for real in acts.all():
+        if real.__name__ != gated:
+            activities.append(real)
+            continue
+
+        def held(req: Any, real: Callable[..., Any] = real) -> Any:
+            while not gate.wait(0.5):
+                activity.heartbeat()
+            return real(req)
+
+        wrapped = functools.wraps(real, updated=())(held)
+        activities.append(activity.defn(name=f"controlplane.{gated}")(wrapped))
+    return Worker(
+        client,
+        task_queue=settings.controlplane_task_queue,
+        workflows=[*CONTROLPLANE_WORKFLOWS, *QUEUE_WORKFLOWS],
+        activities=activities,
+        activity_executor=ThreadPoolExecutor(max_workers=8),
+        max_concurrent_activities=8,
+    )
+
+
+async def eventually(probe: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    """Await ``probe()`` until it returns something truthy; its value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await probe()
+        except Exception as exc:  # e.g. the entity has not answered yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}: last {last!r}")
+
+
+async def listed(client: Client, settings: Settings, wf_type: str, count: int) -> list[Any]:
+    """The server's executions of ``wf_type`` on this database, once it lists ``count``."""
+    query = f"WorkflowType = '{wf_type}' AND NexusDatabase = '{settings.database_id}'"
+
+    async def probe() -> list[Any]:
+        found = await executions(client, query)
+        return found if len(found) >= count else []
+
+    found: list[Any] = await eventually(probe, f"{count} {wf_type} executions")
+    return found
+
+
+async def running_entry(client: Client, settings: Settings, operation: str) -> Any:
+    """The queue's running entry once ``operation`` runs."""
+
+    async def probe() -> Any:
+        status = await queue_status(client, settings)
+        running = status.running
+        return (
+            running
+            if running and (running.operation, running.state) == (operation, "running")
+            else None
+        )
+
+    return await eventually(probe, f"{operation} running")
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def write_pack(path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "gizmo-app",
+                "category": "AppPack",
+                "depends_on": ["platform-core"],
+                "objects": [
+                    {
+                        "api_name": "Gizmo__c",
+                        "label": "Gizmo",
+                        "fields": [{"api_name": "Size__c", "type": "Number"}],
+                    }
+                ],
+            }
+        )
+    )
+    return path
+
+
+@contextmanager
+def released(gate: threading.Event) -> Iterator[threading.Event]:
+    """Set ``gate`` on the way out whatever happens (a held worker must shut down)."""
+    try:
+        yield gate
+    finally:
+        gate.set()
+
+
+# ---------------------------------------------------------------------------
+
+
+async def test_ten_concurrent_auto_starts_one_apply_ten_identical_results(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    client = temporal_env.client
+    gate = threading.Event()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEXUS_")}
+    env |= cli_env(settings, temporal_env)
+    procs: list[subprocess.Popen[str]] = []
+    async with gated_worker(client, settings, "classify_auto_start", gate):
+        with released(gate):
+            for i in range(10):
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "nexusctl.cli", "apply-all", "--wait",
+                         "--policy", "auto_start"],
+                        cwd=tmp_path, env=env, text=True,
+                        stdout=(tmp_path / f"out{i}.txt").open("w"),
+                        stderr=subprocess.STDOUT,
+                    )
+                )  # fmt: skip
+            # The first auto-start is held in classify until all ten joined it.
+            entry = await running_entry(client, settings, "ApplyAll")
+
+            async def all_joined() -> bool:
+                status = await queue_status(client, settings)
+                running = status.running
+                return running is not None and running.waiters == 10 and not status.queued
+
+            await eventually(all_joined, "ten requests on one entry", timeout=180)
+        codes = []
+        for proc in procs:
+            codes.append(await asyncio.to_thread(proc.wait, 300))
+    outputs = [(tmp_path / f"out{i}.txt").read_text() for i in range(10)]
+    assert codes == [0] * 10, "\n---\n".join(outputs)
+    summaries = set()
+    for out in outputs:
+        assert entry.workflow_id in out, out
+        (summary,) = re.findall(r"^completed in [\d.]+ s: .*$", out, re.MULTILINE)
+        summaries.add(summary)
+    assert len(summaries) == 1, summaries  # one result, seen by all ten
+    applies = await listed(client, settings, "ApplyAll", 1)
+    await asyncio.sleep(2)  # visibility settles: still exactly one
+    applies = await executions(
+        client, f"WorkflowType = 'ApplyAll' AND NexusDatabase = '{settings.database_id}'"
+    )
+    assert [w.id for w in applies] == [entry.workflow_id]
+    marker = markers.read(make_engine(settings.database_url))
+    assert marker is not None and marker.status == "completed"
+
+
+async def test_operator_apply_all_waits_behind_run_repair_and_no_queue_refuses(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    await apply_all(temporal_env, settings)  # a converged database
+    gate = threading.Event()
+    env = cli_env(settings, temporal_env)
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            req = build_request("RunRepair", OperationInput(), settings)
+            await submit(client, settings, req)
+            repair = await running_entry(client, settings, "RunRepair")
+            operator = asyncio.create_task(invoke_async(["apply-all", "--wait"], env))
+
+            async def queued() -> bool:
+                return bool((await queue_status(client, settings)).queued)
+
+            await eventually(queued, "the operator ApplyAll queued")
+            refused = await invoke_async(["apply-all", "--wait", "--no-queue"], env)
+            assert refused.exit_code == 1, refused.output
+            message = one_line(refused.output)
+            assert f"the control plane of database {settings.database_id} is busy" in message
+            assert f"RunRepair running ({repair.workflow_id})" in message
+            assert "1 queued (ApplyAll)" in message and "not queued (--no-queue)" in message
+            assert not operator.done()
+        result = await asyncio.wait_for(operator, 300)
+    assert result.exit_code == 0, result.output
+    assert "queued ApplyAll on database" in one_line(result.output)
+    assert f"behind RunRepair {repair.workflow_id} (running)" in one_line(result.output)
+    (run_repair,) = await listed(client, settings, "RunRepair", 1)
+    applies = await listed(client, settings, "ApplyAll", 2)  # the install, then the operator's
+    assert len(applies) == 2  # the refused one never ran
+    last = max(applies, key=lambda w: w.start_time)
+    assert run_repair.close_time is not None and run_repair.close_time <= last.start_time
+    marker = markers.read(make_engine(settings.database_url))
+    assert marker is not None and marker.status == "completed"
+
+
+async def test_auto_start_behind_run_repair_gets_its_own_turn_and_converges(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    await apply_all(temporal_env, settings)
+    gate = threading.Event()
+    env = cli_env(settings, temporal_env)
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            await submit(client, settings, build_request("RunRepair", OperationInput(), settings))
+            await running_entry(client, settings, "RunRepair")
+            auto = asyncio.create_task(
+                invoke_async(["apply-all", "--wait", "--policy", "auto_start", "--attach"], env)
+            )
+
+            async def queued() -> bool:
+                return bool((await queue_status(client, settings)).queued)
+
+            await eventually(queued, "the auto-start queued, not attached to RunRepair")
+        result = await asyncio.wait_for(auto, 300)
+    assert result.exit_code == 0, result.output
+    assert "attached to the RunRepair" not in result.output
+    # RunRepair invalidated the marker; the auto-start classified again and applied.
+    marker = markers.read(make_engine(settings.database_url))
+    assert marker is not None and marker.status == "completed"
+    (run_repair,) = await listed(client, settings, "RunRepair", 1)
+    applies = await listed(client, settings, "ApplyAll", 2)
+    last = max(applies, key=lambda w: w.start_time)
+    assert run_repair.close_time is not None and run_repair.close_time <= last.start_time
+
+
+async def test_a_waiter_past_its_bound_gets_the_timeout_error_and_never_runs(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    await apply_all(temporal_env, settings)
+    gate = threading.Event()
+    env = cli_env(settings, temporal_env) | {"NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS": "3"}
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            await submit(client, settings, build_request("RunRepair", OperationInput(), settings))
+            repair = await running_entry(client, settings, "RunRepair")
+            late = await invoke_async(["apply-all", "--wait"], env)
+            assert late.exit_code == 1, late.output
+            message = one_line(late.output)
+            assert "timed out after 3 s waiting for its turn in the control-plane queue" in message
+            assert "was not started" in message
+            assert "NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS" in message
+
+            async def expired() -> Any:
+                status = await queue_status(client, settings)
+                return [e for e in status.recent if e.state == "expired"]
+
+            (dropped,) = await eventually(expired, "the entry dropped by the entity")
+            assert dropped.operation == "ApplyAll" and repair.workflow_id in dropped.outcome
+        await eventually(
+            lambda: _finished(client, settings, repair.workflow_id), "RunRepair finished"
+        )
+    applies = await executions(
+        client, f"WorkflowType = 'ApplyAll' AND NexusDatabase = '{settings.database_id}'"
+    )
+    assert len(applies) == 1  # only the install: the dropped request never ran
+
+
+async def _finished(client: Client, settings: Settings, workflow_id: str) -> bool:
+    status = await queue_status(client, settings)
+    return any(e.workflow_id == workflow_id for e in status.recent) and status.running is None
+
+
+async def test_packs_remove_waits_behind_a_running_apply_all_and_invalidates_the_marker(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    client = temporal_env.client
+    pack = str(write_pack(tmp_path / "gizmo.yaml"))
+    await apply_all(temporal_env, settings, app_pack_sources=[pack])
+    engine = make_engine(settings.database_url)
+
+    def pack_status() -> str:
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    select(t.installed_pack.c.Status).where(t.installed_pack.c.Name == "gizmo-app")
+                ).scalar_one()
+            )
+
+    gate = threading.Event()
+    env = cli_env(settings, temporal_env)
+    async with gated_worker(client, settings, "apply_packs", gate):
+        with released(gate):
+            req = build_request("ApplyAll", ApplyAllInput(app_pack_sources=[pack]), settings)
+            await submit(client, settings, req)
+            apply = await running_entry(client, settings, "ApplyAll")
+            remove = asyncio.create_task(invoke_async(["packs", "remove", "gizmo-app"], env))
+
+            async def queued() -> bool:
+                return bool((await queue_status(client, settings)).queued)
+
+            await eventually(queued, "packs remove queued")
+            assert pack_status() == "active"  # not removed under the running ApplyAll
+        result = await asyncio.wait_for(remove, 300)
+    assert result.exit_code == 0, result.output
+    assert f"behind ApplyAll {apply.workflow_id} (running)" in one_line(result.output)
+    assert "removed gizmo-app (was active); ApplyAll marker invalidated" in one_line(result.output)
+    assert pack_status() == "removed"
+    marker = markers.read(engine)
+    assert marker is not None and marker.status == "invalidated"
+    (removal,) = await listed(client, settings, "RemovePack", 1)
+    applies = await listed(client, settings, "ApplyAll", 2)
+    held = next(w for w in applies if w.id == apply.workflow_id)
+    assert held.close_time is not None and held.close_time <= removal.start_time
+
+
+async def test_the_entity_continues_as_new_carrying_its_queue(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    await client.start_workflow(
+        "ControlPlane",
+        ControlPlaneEntityInput(settings.database_id, continue_as_new_after=1),
+        id=settings.controlplane_workflow_id,
+        task_queue=settings.controlplane_task_queue,
+    )
+    gate = threading.Event()
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            for op in ("RunRepair", "EnsureIndexes", "RunRepair"):
+                await submit(client, settings, build_request(op, OperationInput(), settings))
+            await running_entry(client, settings, "RunRepair")
+
+            async def two_queued() -> bool:
+                return len((await queue_status(client, settings)).queued) == 2
+
+            await eventually(two_queued, "two queued behind RunRepair")
+
+        async def all_done() -> Any:
+            status = await queue_status(client, settings)
+            done = [e.operation for e in status.recent if e.state == "completed"]
+            return done if len(done) == 3 and not status.queued else None
+
+        done = await eventually(all_done, "the three operations completed", timeout=300)
+    assert done == ["RunRepair", "EnsureIndexes", "RunRepair"]
+    runs = await executions(client, f"WorkflowId = '{settings.controlplane_workflow_id}'")
+    assert len(runs) >= 3  # continued as new after each operation, queue carried
+
+
+async def test_the_queue_survives_a_worker_restart(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    client = temporal_env.client
+    gate = threading.Event()
+    async with gated_worker(client, settings, "run_repair", gate):
+        with released(gate):
+            await submit(client, settings, build_request("RunRepair", OperationInput(), settings))
+            await running_entry(client, settings, "RunRepair")
+            await submit(
+                client, settings, build_request("EnsureIndexes", OperationInput(), settings)
+            )
+
+            async def queued() -> bool:
+                return bool((await queue_status(client, settings)).queued)
+
+            await eventually(queued, "EnsureIndexes queued")
+    # That worker is gone; a new process's worker replays the entity from its history.
+    async with build_worker(client, settings):
+
+        async def all_done() -> Any:
+            status = await queue_status(client, settings)
+            done = [e.operation for e in status.recent if e.state == "completed"]
+            return done if len(done) == 2 and not status.queued and not status.running else None
+
+        done = await eventually(all_done, "both operations completed", timeout=300)
+    assert done == ["RunRepair", "EnsureIndexes"]
+    (repair,) = await listed(client, settings, "RunRepair", 1)
+    (indexes,) = await listed(client, settings, "EnsureIndexes", 1)
+    assert repair.close_time is not None and repair.close_time <= indexes.start_time
