@@ -72,16 +72,18 @@ async def test_worker_killed_in_each_long_phase_in_turn(
     temporal_env: Any, settings: Settings, tmp_path: Path
 ) -> None:
     pack = wide_pack(tmp_path / "wide.yaml")
-    handle = await start_controlplane(
-        temporal_env.client,
-        settings,
-        "ApplyAll",
-        ApplyAllInput(app_pack_sources=[str(pack)], heartbeat_timeout_seconds=3),
-    )
     killed: list[str] = []
-    for phase in PHASES:
-        proc = worker(settings, temporal_env)
-        try:
+    proc = worker(settings, temporal_env)  # the queue needs a worker to take the request
+    try:
+        handle = await start_controlplane(
+            temporal_env.client,
+            settings,
+            "ApplyAll",
+            ApplyAllInput(app_pack_sources=[str(pack)], heartbeat_timeout_seconds=3),
+        )
+        for n, phase in enumerate(PHASES):
+            if n:
+                proc = worker(settings, temporal_env)
             status: dict[str, str] = {}
             for _ in range(3000):
                 status = {p["name"]: p["status"] for p in await handle.query("progress")}
@@ -95,9 +97,9 @@ async def test_worker_killed_in_each_long_phase_in_turn(
             else:
                 proc.terminate()
             proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert killed, "no phase was running when its worker was killed"
     catalog.CACHE.invalidate()
     async with build_worker(temporal_env.client, settings):
