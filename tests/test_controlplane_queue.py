@@ -34,6 +34,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.controlplane import ControlPlaneActivities
+from activities.controlplane_gates import GateActivities
 from nexuscrm.contracts import ApplyAllInput, OperationInput
 from nexuscrm.contracts.controlplane_queue import ControlPlaneEntityInput
 from nexuscrm.controlplane import markers
@@ -54,9 +55,10 @@ def gated_worker(client: Client, settings: Settings, gated: str, gate: threading
 
     The held activity heartbeats while it waits, then runs the real one.
     """
-    acts = ControlPlaneActivities(make_engine(settings.database_url), settings)
+    engine = make_engine(settings.database_url)
+    acts = ControlPlaneActivities(engine, settings)
     activities: list[Callable[..., Any]] = []
-    for real in acts.all():
+    for real in [*acts.all(), *GateActivities(engine, settings).all()]:
         if real.__name__ != gated:
             activities.append(real)
             continue
