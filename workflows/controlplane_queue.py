@@ -53,11 +53,11 @@ with workflow.unsafe.imports_passed_through():
         RemovePackRequest,
     )
 
+from workflows.apply_all_gates import POLICIES
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, _PhaseRunner
 
 # Finished entries kept for ``status`` (and for callers that look up their result late).
 RECENT_KEPT = 50
-POLICIES = ("always_apply", "auto_start")
 
 
 def _key(req: ControlPlaneRequest) -> tuple[Any, ...]:
@@ -274,7 +274,7 @@ class ControlPlaneEntity:
             raise ApplicationError(f"{req.operation} request without input", type="BadRequest")
         if req.apply_all is not None and req.apply_all.policy not in POLICIES:
             raise ApplicationError(
-                f"unknown ApplyAll policy {req.apply_all.policy!r}: always_apply or auto_start",
+                f"unknown ApplyAll policy {req.apply_all.policy!r}: one of {', '.join(POLICIES)}",
                 type="BadRequest",
             )
         if not req.wait_seconds > 0:
