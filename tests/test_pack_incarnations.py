@@ -25,7 +25,7 @@ from nexuscrm.contracts import FleetStatus
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
-from nexusctl.worker import build_connector_worker
+from nexusctl.worker import build_connector_worker, build_worker
 from tests.builders import (
     cli_env,
     connector_settings,
@@ -143,7 +143,10 @@ async def test_packs_remove_fails_queued_items_pack_removed(temporal_env, settin
     await install(temporal_env, settings, [str(hook_pack(source, hook.url))])
     (new,) = [p for p in list_connector_packs(engine) if not p.drain_only]
     queue.enqueue(engine, hook_events(new.install_id, ["n1", "n2"]))
-    result = await invoke_async(["packs", "remove", "hook-pack"], cli_env(settings, temporal_env))
+    async with build_worker(temporal_env.client, settings):  # RemovePack runs through the queue
+        result = await invoke_async(
+            ["packs", "remove", "hook-pack"], cli_env(settings, temporal_env)
+        )
     assert result.exit_code == 0, result.output
     assert "3 queued work item(s) failed pack-removed" in result.output
     got = sorted((p, s, c) for p, s, c in items(engine).values())
