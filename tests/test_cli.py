@@ -30,6 +30,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
@@ -71,6 +72,14 @@ async def latest_result(env: WorkflowEnvironment, settings: Settings) -> ApplyAl
     status = await queue_status(env.client, settings)
     last = status.running or status.recent[-1]
     handle = env.client.get_workflow_handle(last.workflow_id, result_type=ApplyAllResult)
+    # The entity marks an entry running before its child workflow exists.
+    for _ in range(100):
+        try:
+            return await handle.result()
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            await asyncio.sleep(0.1)
     return await handle.result()
 
 

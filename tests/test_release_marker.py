@@ -27,7 +27,7 @@ from nexuscrm.cutover import CUTOVER_RECEIPT_KEY
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import quote, table_names
 from nexuscrm.db.engine import make_engine
-from nexuscrm.errors import LeaseLostError
+from nexuscrm.errors import LeaseLostError, NexusError
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
@@ -144,8 +144,9 @@ async def test_auto_start_on_a_legacy_database_halts_having_written_nothing(
 async def test_unknown_policy_is_rejected_before_any_ddl(
     temporal_env: WorkflowEnvironment, settings: Settings
 ) -> None:
-    message = await failure(temporal_env, settings, policy="sometimes")
-    assert "unknown policy 'sometimes'" in message
+    # Refused at submit, before the queue takes it: no workflow, no DDL.
+    with pytest.raises(NexusError, match="unknown ApplyAll policy 'sometimes'"):
+        await apply_all(temporal_env, settings, policy="sometimes")
     engine = make_engine(settings.database_url)
     try:
         assert table_names(engine) == set()

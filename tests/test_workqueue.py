@@ -621,7 +621,7 @@ def test_claim_lock_wait_is_shorter_than_the_claim_timeout(
     wq.enqueue(engine, [req("a")])
     if engine.dialect.name == "mysql":
         holder = engine.connect()
-        name = locking._claim_lock_name(PACK)
+        name = locking.server_lock_name(engine, locking._claim_lock_name(PACK))
         assert holder.exec_driver_sql(f"SELECT GET_LOCK('{name}', 0)").scalar() == 1
     else:  # another process's writer: BEGIN IMMEDIATE on a connection of its own
         other = make_engine(str(engine.url))

@@ -15,9 +15,10 @@ temporalio/samples-python ``message_passing/safe_message_handlers``):
   past it, it is dropped (``expired``) and never runs.
 - ``no_queue`` requests are rejected by the update's validator while anything
   runs or waits (a rejected update leaves no trace in the history).
-- An ``auto_start`` ApplyAll (and any request with ``coalesce``) joins an
-  identical request (same operation, policy and input) that is queued or
-  running; everyone who joined gets that one child's result. It never joins
+- An ``auto_start`` ApplyAll joins an identical request (same operation,
+  policy and input) that is still queued; a request with ``coalesce``
+  (``--attach``) also joins an identical one that runs. Everyone who joined
+  gets that one child's result. It never joins
   another operation: behind a RunRepair it waits for its own turn and then
   classifies again, as the seed does after its lock wait.
 - ``status`` (query) lists what runs, what waits and the last finished.
@@ -55,6 +56,9 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.apply_all_gates import POLICIES
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, _PhaseRunner
+
+# Auto-start joins a queued identical request only, never a running one.
+AUTO_START_JOINS_QUEUED_PATCH = "controlplane-queue-auto-start-joins-queued"
 
 # Finished entries kept for ``status`` (and for callers that look up their result late).
 RECENT_KEPT = 50
@@ -207,7 +211,14 @@ class ControlPlaneEntity:
         if not _coalesces(req):
             return None
         key = _key(req)
-        for entry in [e for e in (self.running, *self.queued) if e is not None]:
+        candidates = [e for e in (self.running, *self.queued) if e is not None]
+        if not req.coalesce and workflow.patched(AUTO_START_JOINS_QUEUED_PATCH):
+            # An auto-start joins only a request that has not started: the
+            # entity learns of a child's end a moment after its callers do, so
+            # a "running" entry may already have answered, from before this
+            # caller's turn (the seed classifies again after its lock wait).
+            candidates = list(self.queued)
+        for entry in candidates:
             if _key(entry.request) == key:
                 return entry
         return None
