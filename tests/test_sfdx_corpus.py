@@ -8,6 +8,7 @@ report every problem at once, grouped by file.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,40 @@ async def test_corpus_project_installs_unedited(temporal_env, settings, project,
             f"\n[corpus] {project} {backend}: objects {owned_objects} fields {owned_fields} "
             f"problems 0 applyall {fresh:.1f}s converged {converged:.1f}s"
         )
+
+
+async def test_all_corpus_projects_on_one_sqlite_database(temporal_env, tmp_path):
+    """All seven projects, unedited, in one ApplyAll on SQLite; every view reads;
+    a second ApplyAll writes nothing. (MariaDB, on every collation:
+    ``tests/faults/test_database_defaults.py``.)"""
+    from sqlalchemy import text
+
+    from nexuscrm.settings import Settings
+
+    db = Settings(
+        database_url=f"sqlite:///{tmp_path / 'all.db'}",
+        controlplane_task_queue=f"cp-{uuid.uuid4().hex[:8]}",
+        env="development",
+        NEXUS_DATABASE_ID=f"test-{uuid.uuid4().hex[:8]}",
+    )
+    for url in [db.database_url]:
+        sources = [str(corpus_project(p)) for p in PROJECTS]
+        result = await apply_all(temporal_env, db, app_pack_sources=sources)
+        assert result.status == "completed", result.reason
+        engine = make_engine(url)
+        views = inspect(engine).get_view_names()
+        assert len(views) >= len(PROJECTS)
+        with engine.connect() as conn:
+            for view in views:
+                conn.execute(text(f'SELECT * FROM "{view}" LIMIT 1')).all()
+        before = snapshot(engine)
+        catalog.CACHE.invalidate()
+        again = await apply_all(temporal_env, db)
+        assert again.status == "completed", again.reason
+        detail = next(p.detail or "" for p in again.phases if p.name == "apply-packs")
+        assert "tables created 0, columns added 0, rows 0" in detail, detail
+        assert snapshot(engine) == before
+        engine.dispose()
 
 
 def _row(engine: Engine, table: str, row_id: str) -> dict[str, Any]:

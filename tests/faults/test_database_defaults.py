@@ -88,17 +88,31 @@ async def test_latin1_database_stores_any_text(temporal_env: Any, latin1_setting
 COLLATIONS = ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "utf8mb4_bin", "utf8mb4_0900_ai_ci"]
 
 
+CORPUS_PROJECTS = [
+    "apex-recipes",
+    "dreamhouse-lwc",
+    "ebikes-lwc",
+    "eda",
+    "k12-architecture-kit",
+    "lwc-recipes",
+    "project-management-tool",
+]
+
+
 @pytest.mark.parametrize("collation", COLLATIONS)
-async def test_views_build_on_a_database_of_any_utf8mb4_collation(
+async def test_all_corpus_projects_install_on_a_database_of_any_utf8mb4_collation(
     temporal_env: Any, tmp_path: Path, collation: str
 ) -> None:
-    """DreamHouse's views (an IMAGE formula mixes a cast number with column text)
-    failed with 1267 'Illegal mix of collations' on a database created
-    ``utf8mb4_unicode_ci``: tables now carry utf8mb4 explicitly, so column and
-    expression collations agree whatever the database default."""
+    """All seven corpus projects, unedited, on one MariaDB database created with
+    ``collation`` (issue 13 item 7). DreamHouse's views (an IMAGE formula mixes
+    a cast number with column text) failed with 1267 'Illegal mix of
+    collations' on a ``utf8mb4_unicode_ci`` database: tables now carry utf8mb4
+    explicitly, so column and expression collations agree whatever the
+    database default. Every view is readable; a second ApplyAll writes
+    nothing."""
     from sqlalchemy import inspect
 
-    from tests.builders import apply_all, corpus_project
+    from tests.builders import apply_all, corpus_project, snapshot
 
     if MYSQL_URL:
         admin = make_engine(MYSQL_URL)
@@ -107,16 +121,22 @@ async def test_views_build_on_a_database_of_any_utf8mb4_collation(
         admin.dispose()
         if not known:  # MariaDB before 11.4 has no MySQL 8 collations
             pytest.skip(f"this server does not know {collation}")
+    sources = [str(corpus_project(p)) for p in CORPUS_PROJECTS]
     for url in fresh_database_url("mysql", tmp_path, collation=collation):
         db = mysql_settings(url)
-        result = await apply_all(
-            temporal_env, db, app_pack_sources=[str(corpus_project("dreamhouse-lwc"))]
-        )
-        assert result.status == "completed"
+        result = await apply_all(temporal_env, db, app_pack_sources=sources)
+        assert result.status == "completed", result.reason
         engine = make_engine(url)
         views = inspect(engine).get_view_names()
-        assert "v_Broker__c" in views
+        assert "v_Broker__c" in views and "v_Metadata_Driven_Trigger__mdt" in views
         with engine.connect() as conn:
             for view in views:
                 conn.execute(text(f"SELECT * FROM `{view}` LIMIT 1")).all()
+        before = snapshot(engine)
+        catalog.CACHE.invalidate()
+        again = await apply_all(temporal_env, db)
+        assert again.status == "completed", again.reason
+        detail = next(p.detail or "" for p in again.phases if p.name == "apply-packs")
+        assert "tables created 0, columns added 0, rows 0" in detail, detail
+        assert snapshot(engine) == before
         engine.dispose()
