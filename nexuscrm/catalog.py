@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     Time,
+    inspect,
     select,
 )
 from sqlalchemy.types import TypeEngine
@@ -37,6 +39,7 @@ from nexuscrm.clock import utcnow
 from nexuscrm.db import rowsize
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import column_type, upsert
+from nexuscrm.formulas.relations import FormulaContext, ObjectRef
 from nexuscrm.packs.model import (
     STANDARD_COLUMNS,
     FieldSpec,
@@ -318,6 +321,39 @@ def load_catalog(conn: Connection) -> Catalog:
             fields=tuple(fields_by_obj.get(row["ApiName"].lower(), ())),
         )
     return catalog
+
+
+def formula_context(conn: Connection, cat: Catalog) -> FormulaContext:
+    """The objects a formula view may reach (parents, roll-up children), from ``cat``.
+
+    Each table object whose table exists in ``conn``'s database, with its
+    table reflected on first use (so discovered tables and real column types
+    are what the view reads). Used by rebuild-derived and verify, so both
+    compile the same view.
+    """
+    present = {n.lower() for n in inspect(conn).get_table_names()}
+    cache: dict[str, ObjectRef | None] = {}
+
+    def objects(api_name: str) -> ObjectRef | None:
+        key = api_name.lower()
+        if key not in cache:
+            entry = cat.get(api_name)
+            if entry is None or not entry.has_table or entry.table_name.lower() not in present:
+                cache[key] = None
+            else:
+                table = Table(entry.table_name, MetaData(), autoload_with=conn)
+                cache[key] = ObjectRef(entry.spec(), table)
+        return cache[key]
+
+    return FormulaContext(objects)
+
+
+def spec_context(specs: Iterable[ObjectSpec], dialect: str) -> FormulaContext:
+    """A formula context over object specs not yet installed (plan time, dry runs):
+    tables as ``object_table`` would create them."""
+    return FormulaContext.of(
+        {s.api_name: ObjectRef(s, object_table(s, dialect)) for s in specs if s.kind != "event"}
+    )
 
 
 class MetadataCache:

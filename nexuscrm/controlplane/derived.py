@@ -230,7 +230,8 @@ def _try_view(
         with engine.begin() as conn:
             lease.require(conn, epoch)
             table = Table(table_name, MetaData(), autoload_with=conn)
-            select_, problems = build_view_select(spec, table, dialect)
+            context = catalog.formula_context(conn, catalog.CACHE.get(engine))
+            select_, problems = build_view_select(spec, table, dialect, context)
             create_or_replace_view(conn, view_name(spec.api_name), select_)
             # What verify compares the view with (the last accepted build wins).
             viewdefs.record(conn, view_name(spec.api_name), select_)

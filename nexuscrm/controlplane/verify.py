@@ -93,7 +93,7 @@ def verify(
                     conn.execute(text(f"SELECT * FROM {quote(conn, vname)} LIMIT 1")).fetchall()
                     # Readable is not enough: it must be what the compiler builds now.
                     wrong = (
-                        viewdefs.check(conn, vname, obj.spec(), obj.table_name)
+                        viewdefs.check(conn, vname, obj.spec(), obj.table_name, cat)
                         if check_view_definitions
                         else None
                     )

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, MetaData, Table, select, text
 from sqlalchemy.sql import Select
 
+from nexuscrm import catalog
 from nexuscrm.clock import utcnow
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import dialect_name, upsert
@@ -73,13 +74,22 @@ def record(conn: Connection, name: str, view_select: Select[Any]) -> None:
     )
 
 
-def check(conn: Connection, name: str, object_spec: Any, table_name: str) -> str | None:
+def check(
+    conn: Connection,
+    name: str,
+    object_spec: Any,
+    table_name: str,
+    cat: catalog.Catalog | None = None,
+) -> str | None:
     """A finding when view ``name`` is not what the compiler would build now, else ``None``.
 
-    ``object_spec``: the object's ``ObjectSpec``; ``table_name``: its table.
+    ``object_spec``: the object's ``ObjectSpec``; ``table_name``: its table;
+    ``cat``: the catalog the view's cross-object references resolve in (read
+    from ``conn`` when not given).
     """
     table = Table(table_name, MetaData(), autoload_with=conn)
-    view_select, _problems = build_view_select(object_spec, table, dialect_name(conn))
+    context = catalog.formula_context(conn, cat if cat is not None else catalog.load_catalog(conn))
+    view_select, _problems = build_view_select(object_spec, table, dialect_name(conn), context)
     statement = create_statement(conn, name, view_select)
     live = live_definition(conn, name)
     if live is None:

@@ -11,6 +11,8 @@ Each function returns NULL for a NULL argument, as SQL functions do.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -54,8 +56,48 @@ def _nx_initcap(x: str | None) -> str | None:
     return None if x is None else initcap(str(x))
 
 
+def number_text(x: float | int) -> str:
+    """A number as formula TEXT() prints it: whole numbers without ``.0``,
+    others with 15 significant digits in fixed notation, trailing zeros cut."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == int(x):
+        return str(int(x))
+    magnitude = math.floor(math.log10(abs(x)))
+    decimals = max(0, 14 - magnitude)
+    return (f"%.{decimals}f" % x).rstrip("0").rstrip(".")
+
+
+def _nx_number_text(x: float | int | None) -> str | None:
+    # One call instead of an expression that repeats its argument five times:
+    # a formula that prints a formula's number nests too deep for SQLite's parser.
+    return None if x is None else number_text(x)
+
+
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
+
+
+def _nx_text_number(x: str | None) -> float | None:
+    # VALUE(): the number a text holds, NULL when blank or not a number.
+    if x is None:
+        return None
+    t = str(x).strip(" ")
+    return float(t) if _NUMBER_TEXT.fullmatch(t) else None
+
+
+def _nx_text_number_invalid(x: str | None) -> int:
+    # 1 when VALUE() of x is a runtime error: text that is not blank and not a number.
+    if x is None:
+        return 0
+    t = str(x).strip(" ")
+    return int(t != "" and not _NUMBER_TEXT.fullmatch(t))
+
+
 SQLITE_FUNCTIONS.update(
     {
+        "nx_text_number": (1, _nx_text_number),
+        "nx_text_number_invalid": (1, _nx_text_number_invalid),
+        "nx_number_text": (1, _nx_number_text),
         "nx_upper": (1, _nx_upper),
         "nx_lower": (1, _nx_lower),
         "nx_reverse": (1, _nx_reverse),

@@ -6,7 +6,10 @@ and ``nexuscrm.formulas.syntax`` for operator precedence.  ``TODAY()`` and
 ``NOW()`` are UTC on both dialects (see ``nexuscrm.formulas.dialects``).
 
 Supported: field references of the same object (case-insensitive, plus the
-standard columns), number / string / TRUE / FALSE / NULL literals,
+standard columns), cross-object references through lookups and
+master-detail (``Parent__r.Field__c``, ``Account.Name``, ``Owner:User.X``;
+``nexuscrm.formulas.relations``), roll-up summary fields (COUNT, SUM, MIN,
+MAX with filter criteria), number / string / TRUE / FALSE / NULL literals,
 ``+ - * / ^``, unary ``-``, ``= == != <> < <= > >=``, ``&``, ``&&``, ``||``,
 and the functions in ``SUPPORTED_FUNCTIONS``.
 """
@@ -24,14 +27,17 @@ from nexuscrm.errors import FatalError
 from nexuscrm.packs.model import FieldSpec, ObjectSpec
 
 from .compiler import SUPPORTED_FUNCTIONS, CompileFailure, compile_field, dependencies
+from .relations import FormulaContext, ObjectRef
 from .view import CreateView, DropView, view_select
 
 __all__ = [
     "SUPPORTED_FUNCTIONS",
     "CreateView",
     "DropView",
+    "FormulaContext",
     "FormulaError",
     "FormulaProblem",
+    "ObjectRef",
     "build_view_select",
     "compile_formula",
     "formula_dependencies",
@@ -89,19 +95,24 @@ def compile_formula(
 
 
 def build_view_select(
-    obj: ObjectSpec, table: sa.Table, dialect: str
+    obj: ObjectSpec, table: sa.Table, dialect: str, context: FormulaContext | None = None
 ) -> tuple[Select[Any], list[FormulaProblem]]:
     """SELECT for ``obj``'s formula view, and the formulas left out of it.
 
     The select has every column of ``table`` followed by one column per
-    formula field that compiles, labeled with the field's ``api_name``, in
-    declaration order.  Each formula that does not compile is returned as a
-    ``FormulaProblem`` instead (never silently dropped).  Create the view with
+    formula or roll-up summary field that compiles, labeled with the field's
+    ``api_name``, in declaration order.  ``context`` (``FormulaContext``)
+    names the other objects: cross-object references (``Parent__r.Name``,
+    up to 10 hops) become LEFT OUTER JOINs of the parents' tables, roll-ups
+    correlated subqueries over the children's tables; without a context both
+    are left out with a reason.  Each field that does not compile is
+    returned as a ``FormulaProblem`` instead (never silently dropped).
+    Create the view with
     ``connection.execute(CreateView(view_name(obj.api_name), select))``.
 
     Raises ``ValueError`` for an unknown dialect name; never ``FormulaError``.
     """
-    select, problems = view_select(obj, table, dialect)
+    select, problems = view_select(obj, table, dialect, context)
     return select, [FormulaProblem(obj.api_name, name, reason) for name, reason in problems]
 
 

@@ -27,6 +27,7 @@ inlines referenced formulas into the caller's compiled formula.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -41,6 +42,15 @@ from nexuscrm.packs.model import (
 from .dialects import DialectOps, Expr, int_lit, num_lit, ops_for, str_lit
 from .fnbase import arity
 from .functions import FUNCTIONS, PICKLIST_FUNCTIONS, SUPPORTED_FUNCTIONS
+from .relations import (
+    MAX_HOPS,
+    FormulaContext,
+    JoinSet,
+    child_field_name,
+    filter_predicate,
+    find_relationship,
+    summary_result_kind,
+)
 from .syntax import (
     BinOp,
     Bool,
@@ -80,13 +90,39 @@ __all__ = [
 ]
 
 
+# Roll-up operands read blanks as blanks (a blank amount is skipped, not 0).
+_BLANK_AS_BLANK = FieldSpec(
+    api_name="RollUpOperand",
+    type=FieldType.Number,
+    formula="0",
+    formula_treat_blanks_as="BlankAsBlank",
+)
+
+
 class FormulaCompiler:
     """Compiles the formula fields of one object; one instance per top-level compile."""
 
-    def __init__(self, obj: ObjectSpec, table: sa.Table, dialect: str) -> None:
+    def __init__(
+        self,
+        obj: ObjectSpec,
+        table: Any,
+        dialect: str,
+        context: FormulaContext | None = None,
+        joins: JoinSet | None = None,
+        path: tuple[str, ...] = (),
+        active: list[tuple[str, str]] | None = None,
+    ) -> None:
         self.obj = obj
         self.table = table
+        self.dialect = dialect
         self.ops: DialectOps = ops_for(dialect)
+        self.context = context or FormulaContext()
+        # The outer joins of the SELECT this formula lands in (shared by every
+        # formula of a view), this compiler's relationship path from its base,
+        # and the (object, field) formulas being compiled, across objects.
+        self.joins = joins if joins is not None else JoinSet(table)
+        self.path = path
+        self.active = active if active is not None else []
         self.fields = {f.api_name.lower(): f for f in obj.fields}
         self.standard = {name.lower(): name for name in STANDARD_KINDS}
         # Location fields are read through their two numeric columns.
@@ -112,13 +148,17 @@ class FormulaCompiler:
             raise CompileFailure(f.api_name, "formula is nested too deeply") from None
 
     def formula_value(self, f: FieldSpec) -> Value:
-        """The raw (unrounded, unconverted) value of formula field ``f``."""
-        if f.formula is None:
+        """The raw (unrounded, unconverted) value of formula or roll-up field ``f``."""
+        if f.formula is None and f.summary is None:
             raise Reject(f"field {f.api_name} is not a formula field")
         key = f.api_name.lower()
-        if any(s.api_name.lower() == key for s in self.stack):
-            start = next(i for i, s in enumerate(self.stack) if s.api_name.lower() == key)
-            chain = [s.api_name for s in self.stack[start:]] + [f.api_name]
+        me = (self.obj.api_name, f.api_name)
+        keys = [(o.lower(), n.lower()) for o, n in self.active]
+        if (me[0].lower(), key) in keys:
+            start = keys.index((me[0].lower(), key))
+            chain = [f"{o}.{n}" for o, n in self.active[start:]] + [f"{me[0]}.{me[1]}"]
+            if all(o.lower() == me[0].lower() for o, _ in self.active[start:]):
+                chain = [n for _, n in self.active[start:]] + [f.api_name]
             raise Reject("formula cycle: " + " -> ".join(chain), cycle=True)
         cached = self.done.get(key)
         if isinstance(cached, Reject):
@@ -126,19 +166,25 @@ class FormulaCompiler:
         if cached is not None:
             return cached
         self.stack.append(f)
+        self.active.append(me)
         try:
-            try:
-                tree = parse(f.formula)
-            except FormulaSyntaxError as exc:
-                raise Reject(str(exc)) from None
-            value = self.expr(tree, f)
-            self._check_result_kind(f, value)
+            if f.summary is not None:
+                value = self.summary_value(f)
+            else:
+                assert f.formula is not None
+                try:
+                    tree = parse(f.formula)
+                except FormulaSyntaxError as exc:
+                    raise Reject(str(exc)) from None
+                value = self.expr(tree, f)
+                self._check_result_kind(f, value)
         except Reject as exc:
             if not exc.cycle:
                 self.done[key] = exc
             raise
         finally:
             self.stack.pop()
+            self.active.pop()
         self.done[key] = value
         return value
 
@@ -162,7 +208,7 @@ class FormulaCompiler:
     def finish(self, f: FieldSpec, value: Value) -> Expr:
         """Convert a raw value to what the view column stores for ``f``'s type."""
         ops = self.ops
-        want = kind_of_field_type(f.type)
+        want = value.kind if f.summary is not None else kind_of_field_type(f.type)
         out: Expr
         if value.kind == Kind.NULL:
             out = sa.null()
@@ -222,10 +268,7 @@ class FormulaCompiler:
         if name.startswith("$"):
             raise Reject(f"global variable {node.dotted!r} is not supported")
         if len(node.parts) > 1:
-            raise Reject(
-                f"cross-object reference {node.dotted!r} is not supported: "
-                f"a formula on {self.obj.api_name} can only use its own fields"
-            )
+            return self.across(node, scope)
         key = name.lower()
         blank_as_zero = scope.formula_treat_blanks_as == "BlankAsZero"
         if key in self.standard:
@@ -244,7 +287,7 @@ class FormulaCompiler:
             lon = self._column_value(lon_name, Kind.NUMBER, False)
             return Value(Kind.LOCATION, lat.sql, lon=lon.sql)
         if target.type == FieldType.Summary:
-            raise Reject(f"roll-up summary field {target.api_name} is not supported in formulas")
+            return self._inline(target, blank_as_zero)
         kind = kind_of_field_type(target.type)
         if kind is None:  # pragma: no cover - every stored type maps to a kind
             raise Reject(f"field {target.api_name} of type {target.type} cannot be used")
@@ -256,6 +299,123 @@ class FormulaCompiler:
             # Salesforce formulas see percents as fractions: 10 (%) reads as 0.1.
             value = Value(Kind.NUMBER, self.ops.number(value.sql) * num_lit("0.01"))
         return value
+
+    def across(self, node: Ref, scope: FieldSpec) -> Value:
+        """``Rel.Field`` (and deeper): join the parent on its lookup, read it there.
+
+        The parent is LEFT OUTER JOINed once per path for the whole view, so
+        a blank lookup reads every parent field as blank; a formula of the
+        parent is compiled against the parent's row (its own references go
+        further along the path).
+        """
+        rel = node.parts[0]
+        if len(self.path) >= MAX_HOPS:
+            raise Reject(
+                f"{node.dotted!r}: more than {MAX_HOPS} relationships in one path "
+                "(Salesforce's limit)"
+            )
+        fk, target_name = find_relationship(self.obj, rel)
+        target = self.context.objects(target_name)
+        if target is None:
+            raise Reject(
+                f"{rel} on {self.obj.api_name} points to {target_name}, "
+                "which no installed pack defines"
+            )
+        fk_col = self.table.c.get(fk)
+        if fk_col is None:
+            raise Reject(f"column {fk} is missing from table {self.obj.api_name}")
+        path = (*self.path, rel.lower())
+        alias = self.joins.join(path, fk_col, target)
+        parent = FormulaCompiler(
+            target.spec, alias, self.dialect, self.context, self.joins, path, self.active
+        )
+        value = parent.reference(Ref(node.parts[1:]), scope)
+        # No parent row: every value through it is blank (a formula of the
+        # parent is not evaluated over nothing), 0 under BlankAsZero, and a
+        # checkbox false.
+        missing = alias.c.Id.is_(None)
+        err = None if value.err is None else sa.and_(sa.not_(missing), value.err)
+        if value.kind == Kind.LOCATION:
+            return value
+        if value.kind == Kind.BOOLEAN:
+            return replace(value, sql=sa.and_(sa.not_(missing), value.sql), err=err)
+        sql: Expr = sa.case((missing, sa.null()), else_=value.sql)
+        if value.kind == Kind.NUMBER and scope.formula_treat_blanks_as == "BlankAsZero":
+            sql = self.ops.number(sa.func.coalesce(sql, int_lit(0)))
+        return replace(value, sql=sql, err=err, const=None, nonnull=False)
+
+    def summary_value(self, f: FieldSpec) -> Value:
+        """A roll-up summary: the children aggregated per parent, LEFT JOINed on its Id.
+
+        COUNT counts child rows meeting every filter; SUM of none is 0; MIN
+        and MAX of none are blank. The summarized field may be a formula or a
+        roll-up of the child (compiled against the child's row).
+        """
+        summary = f.summary
+        assert summary is not None
+        where = f"roll-up {self.obj.api_name}.{f.api_name}"
+        if not summary.foreign_key_field:
+            raise Reject(f"{where} names no master-detail field (summaryForeignKey)")
+        child_name, dot, fk_name = summary.foreign_key_field.partition(".")
+        if not dot:
+            raise Reject(f"{where}: summaryForeignKey {child_name!r} is not Object.Field")
+        child = self.context.objects(child_name)
+        if child is None:
+            raise Reject(f"{where} summarizes {child_name}, which no installed pack defines")
+        fk = next((x for x in child.spec.fields if x.api_name.lower() == fk_name.lower()), None)
+        if fk is None or fk.type not in (FieldType.MasterDetail, FieldType.Lookup):
+            raise Reject(f"{where}: {summary.foreign_key_field} is not a master-detail field")
+        key = (*self.path, "#" + f.api_name.lower())
+        known = self.joins.values.get(key)
+        if known is not None:
+            return known
+        alias = self.joins.sub_alias(child)
+        sub_joins = JoinSet(alias, "j", counter=self.joins.counter)
+        inner = FormulaCompiler(
+            child.spec, alias, self.dialect, self.context, sub_joins, (), self.active
+        )
+        conditions: list[Any] = []
+        if "IsDeleted" in alias.c:
+            conditions.append(sa.func.coalesce(alias.c.IsDeleted, False) == sa.false())
+        for item in summary.filters:
+            fname = child_field_name(child.spec.api_name, item.field)
+            value = inner.reference(Ref((fname,)), _BLANK_AS_BLANK)
+            conditions.append(filter_predicate(self.ops, item, value, where))
+        if summary.operation == "count":
+            agg: Expr = sa.func.count()
+            kind = Kind.NUMBER
+        else:
+            if not summary.summarized_field:
+                raise Reject(f"{where}: {summary.operation} needs a summarized field")
+            fname = child_field_name(child.spec.api_name, summary.summarized_field)
+            value = inner.reference(Ref((fname,)), _BLANK_AS_BLANK)
+            if value.kind not in (Kind.NUMBER, Kind.DATE, Kind.DATETIME) or (
+                summary.operation == "sum" and value.kind != Kind.NUMBER
+            ):
+                raise Reject(f"{where}: cannot {summary.operation} a {value.kind} field")
+            kind = summary_result_kind(f, value)
+            operand = value.sql
+            if value.err is not None:  # a child row in error counts as blank
+                operand = sa.case((value.err, sa.null()), else_=operand)
+            agg = getattr(sa.func, summary.operation)(operand)
+        # One aggregate per roll-up, LEFT JOINed on the parent's Id: the
+        # parent's formulas read a plain column however often they use it
+        # (a correlated subquery inlined into each use nests too deep).
+        fk_col = alias.c[fk.api_name]
+        grouped = (
+            sa.select(fk_col.label("k"), agg.label("v"))
+            .select_from(sub_joins.from_clause())
+            .where(fk_col.is_not(None), *conditions)
+            .group_by(fk_col)
+            .subquery(f"r{self.joins.counter[0]}")
+        )
+        self.joins.joins[key] = (grouped, grouped.c.k == self.table.c.Id)
+        sql: Expr = grouped.c.v
+        if summary.operation in ("sum", "count"):
+            sql = sa.func.coalesce(sql, int_lit(0))
+        out = Value(kind, sql)
+        self.joins.values[key] = out
+        return out
 
     def _suggest(self, name: str) -> str:
         """'; did you mean X?' with the nearest known field name (difflib), or ''."""
@@ -526,12 +686,22 @@ class FormulaCompiler:
         return sa.func.coalesce(value.sql, str_lit(""))
 
 
-def compile_field(obj: ObjectSpec, f: FieldSpec, table: sa.Table, dialect: str) -> Expr:
-    """Compile formula field ``f`` of ``obj`` against ``table`` for ``dialect``.
+def compile_field(
+    obj: ObjectSpec,
+    f: FieldSpec,
+    table: sa.Table,
+    dialect: str,
+    context: FormulaContext | None = None,
+    joins: JoinSet | None = None,
+) -> Expr:
+    """Compile formula or roll-up field ``f`` of ``obj`` against ``table`` for ``dialect``.
 
-    Raises ``CompileFailure`` (wrapped as ``FormulaError`` by the package API).
+    ``context`` names the other objects (cross-object references, roll-ups);
+    the outer joins the result needs are added to ``joins`` (select FROM
+    ``joins.from_clause()``). Raises ``CompileFailure`` (wrapped as
+    ``FormulaError`` by the package API).
     """
-    return FormulaCompiler(obj, table, dialect).compile_field(f)
+    return FormulaCompiler(obj, table, dialect, context, joins).compile_field(f)
 
 
 def dependencies(obj: ObjectSpec) -> dict[str, set[str]]:

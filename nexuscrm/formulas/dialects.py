@@ -256,16 +256,8 @@ class SqliteOps(DialectOps):
 
     def number_to_text(self, x: Expr) -> Expr:
         # Whole numbers print without ".0"; others with 15 significant digits
-        # in fixed notation (%.*f with the decimals those digits need).
-        as_int = sa.cast(x, sa.Integer())
-        magnitude = sa.cast(sa.func.floor(sa.func.log10(sa.func.abs(x))), sa.Integer())
-        decimals = sa.func.max(int_lit(0), int_lit(14) - magnitude)
-        fixed = sa.func.printf(str_lit("%.*f"), decimals, x)
-        return sa.case(
-            (x.is_(None), sa.null()),  # printf() would print NULL as 0
-            (x == as_int, sa.cast(as_int, sa.Text())),
-            else_=sa.func.rtrim(sa.func.rtrim(fixed, str_lit("0")), str_lit(".")),
-        )
+        # in fixed notation (nexuscrm.db.sqlfuncs.number_text).
+        return sa.func.nx_number_text(x)
 
     def date_to_text(self, x: Expr) -> Expr:
         return sa.func.strftime(str_lit("%Y-%m-%d"), x)
@@ -277,19 +269,11 @@ class SqliteOps(DialectOps):
         return sa.func.strftime(str_lit("%H:%M:%f"), x).concat(str_lit("Z"))
 
     def text_to_number(self, x: Expr) -> tuple[Expr, ColumnElement[bool]]:
-        # SQLite has no REGEXP; GLOB checks: only digits and one '.', at least
-        # one digit, at most one leading sign.  CAST alone reads '12abc' as 12.
-        t = sa.func.trim(x)
-        body = sa.func.ltrim(t, str_lit("+-"))
-        valid = sa.and_(
-            sa.func.length(t) - sa.func.length(body) <= int_lit(1),
-            sa.not_(body.op("GLOB")(str_lit("*[^0-9.]*"))),
-            body.op("GLOB")(str_lit("*[0-9]*")),
-            sa.not_(body.op("GLOB")(str_lit("*.*.*"))),
-        )
-        invalid = sa.and_(t != str_lit(""), sa.not_(valid))
-        # The value needs no guard: the error predicate blanks the field.
-        return sa.cast(sa.func.nullif(t, str_lit("")), sa.REAL()), invalid
+        # nx_text_number: digits with at most one '.' and one leading sign,
+        # surrounding spaces ignored; anything else is NULL (and an error
+        # unless blank). One call each: inline checks repeated the argument
+        # six times, too deep for SQLite's parser inside bigger formulas.
+        return sa.func.nx_text_number(x), sa.func.nx_text_number_invalid(x) == int_lit(1)
 
     def number(self, x: Expr) -> Expr:
         return sa.type_coerce(x, sa.Float())

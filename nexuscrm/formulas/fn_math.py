@@ -91,7 +91,8 @@ def _fn_mod(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
         quotient = sa.cast(sa.cast(n, sa.REAL()) / d, sa.Integer())
         rem: Expr = n - d * quotient
     else:
-        rem = sa.func.mod(n, d)
+        # + 0: MariaDB's MOD(-25.00, 1) is a decimal -0.00 that compares below 0.
+        rem = sa.func.mod(n, d) + int_lit(0)
     value = sa.case((zero, sa.null()), else_=rem)
     return Value(Kind.NUMBER, c.ops.number(value), or_errs(errs_of(a, b), zero))
 

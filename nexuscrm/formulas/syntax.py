@@ -68,7 +68,7 @@ MUL_OP: /[*\/]/
 POW_OP: "^"
 NUMBER: /(\d+(\.\d*)?|\.\d+)/
 STRING: /'(\\.|[^'\\])*'/ | /"(\\.|[^"\\])*"/
-NAME: /[A-Za-z_$][A-Za-z0-9_$]*/
+NAME: /[A-Za-z_$][A-Za-z0-9_$]*(:[A-Za-z_][A-Za-z0-9_]*)?/
 COMMENT: /\/\*(.|\n)*?\*\//
 
 %import common.WS

@@ -12,32 +12,41 @@ from sqlalchemy.sql import Select
 from nexuscrm.packs.model import ObjectSpec
 
 from .compiler import CompileFailure, compile_field
+from .relations import FormulaContext, JoinSet
 
 
 def view_select(
-    obj: ObjectSpec, table: sa.Table, dialect: str
+    obj: ObjectSpec, table: sa.Table, dialect: str, context: FormulaContext | None = None
 ) -> tuple[Select[Any], list[tuple[str, str]]]:
-    """SELECT every column of ``table`` plus each formula that compiles.
+    """SELECT every column of ``table`` plus each formula and roll-up that compiles.
 
-    Returns the select and ``(field_api_name, reason)`` for each formula left out.
+    Cross-object references become LEFT OUTER JOINs of the parents (one per
+    relationship path, shared by the view's formulas); roll-ups correlated
+    subqueries over the children. ``context`` names the other objects; without
+    it both are left out with a reason. Returns the select and
+    ``(field_api_name, reason)`` for each field left out.
     """
     columns: list[Any] = list(table.c)
     taken = {c.name.lower() for c in table.c}
     problems: list[tuple[str, str]] = []
+    joins = JoinSet(table)
     for f in obj.fields:
-        if not f.is_formula:
+        if not f.is_formula and f.summary is None:
             continue
         if f.api_name.lower() in taken:
             problems.append((f.api_name, f"name collides with column {f.api_name} of the table"))
             continue
         try:
-            expr = compile_field(obj, f, table, dialect)
+            expr = compile_field(obj, f, table, dialect, context, joins)
         except CompileFailure as exc:
             problems.append((exc.field_api_name, exc.reason))
             continue
         columns.append(expr.label(f.api_name))
         taken.add(f.api_name.lower())
-    return sa.select(*columns), problems
+    select = sa.select(*columns)
+    if joins.joins:
+        select = select.select_from(joins.from_clause())
+    return select, problems
 
 
 class CreateView(ExecutableDDLElement):

@@ -91,14 +91,65 @@ NUMERIC_TYPES = frozenset({FieldType.Number, FieldType.Currency, FieldType.Perce
 REFERENCE_TYPES = frozenset({FieldType.Lookup, FieldType.MasterDetail})
 
 
+SUMMARY_FILTER_OPERATIONS = (
+    "equals",
+    "notEqual",
+    "lessThan",
+    "greaterThan",
+    "lessOrEqual",
+    "greaterOrEqual",
+    "contains",
+    "notContain",
+    "startsWith",
+    "includes",
+    "excludes",
+)
+
+
+class SummaryFilter(BaseModel):
+    """One filter criterion of a roll-up (Salesforce's ``summaryFilterItems``).
+
+    ``field`` is ``Child__c.Field__c`` (or the bare child field name);
+    ``value`` is as the metadata writes it: a comma-separated list for
+    equals / notEqual / includes / excludes, where a value containing a comma
+    is double-quoted (``"Closed, not Completed"``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    operation: Literal[
+        "equals",
+        "notEqual",
+        "lessThan",
+        "greaterThan",
+        "lessOrEqual",
+        "greaterOrEqual",
+        "contains",
+        "notContain",
+        "startsWith",
+        "includes",
+        "excludes",
+    ]
+    value: str = ""
+
+
 class SummarySpec(BaseModel):
-    """Roll-up summary definition (stored as metadata only for now)."""
+    """Roll-up summary definition: computed in the parent's formula view.
+
+    ``foreign_key_field`` (``Child__c.Parent__c``) names the master-detail
+    field of the child object; ``summarized_field`` (``Child__c.Amount__c``)
+    what SUM / MIN / MAX aggregate (none for COUNT); ``filters`` the
+    criteria a child row must meet, all of them (Salesforce ANDs roll-up
+    criteria; there is no filter logic for roll-ups).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     operation: Literal["count", "sum", "min", "max"]
     summarized_field: str | None = None
     foreign_key_field: str | None = None
+    filters: tuple[SummaryFilter, ...] = ()
 
 
 class FieldSpec(BaseModel):

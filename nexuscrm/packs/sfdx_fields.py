@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError
 from nexuscrm.packs.model import (
+    SUMMARY_FILTER_OPERATIONS,
     FieldCustomization,
     FieldSpec,
     FieldType,
@@ -152,11 +153,28 @@ def _summary(root: Element, path: Path) -> SummarySpec | None:
         raise ManifestError(
             str(path), f"<summaryOperation>: {op!r} is not one of {', '.join(_SUMMARY_OPERATIONS)}"
         )
+    filters = []
+    for i, item in enumerate(root.findall(_q("summaryFilterItems")), start=1):
+        operation = _text(item, "operation") or ""
+        if operation not in SUMMARY_FILTER_OPERATIONS:
+            raise ManifestError(
+                str(path),
+                f"<summaryFilterItems> #{i}: <operation> {operation!r} is not one of "
+                + ", ".join(SUMMARY_FILTER_OPERATIONS),
+            )
+        filters.append(
+            {
+                "field": _required_text(item, "field", path),
+                "operation": operation,
+                "value": _text(item, "value") or "",
+            }
+        )
     return SummarySpec.model_validate(
         {
             "operation": op.lower(),
             "summarized_field": _text(root, "summarizedField") or None,
             "foreign_key_field": _text(root, "summaryForeignKey") or None,
+            "filters": filters,
         }
     )
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from nexuscrm import catalog
-from nexuscrm.catalog import object_table
+from nexuscrm.catalog import object_table, spec_context
 from nexuscrm.connectors.incarnations import FAILURE_PACK_REMOVED, fail_removed_items
 from nexuscrm.contracts.controlplane_queue import RemovePackInput
 from nexuscrm.controlplane.packs_apply import load_plan
@@ -160,24 +160,28 @@ def _print_problems(problems: list[Problem]) -> NoReturn:
 
 
 def _formula_problems(pack: PackManifest, platform: list[PackManifest]) -> list[str]:
-    """``Object.Field: reason`` for each formula of ``pack`` its view would leave out.
+    """``Object.Field: reason`` for each formula or roll-up of ``pack`` its view would leave out.
 
-    Compiled as RebuildDerived does (SQLite dialect); an object that extends a
+    Compiled as RebuildDerived does (SQLite dialect), with the platform's
+    objects and the pack's own to reach across; an object that extends a
     platform object is compiled with that object's fields too.
     """
-    base: dict[str, ObjectSpec] = {o.api_name.lower(): o for p in platform for o in p.objects}
-    problems = []
+    merged: dict[str, ObjectSpec] = {o.api_name.lower(): o for p in platform for o in p.objects}
     for obj in pack.objects:
-        if obj.kind == "event" or not any(f.formula for f in obj.fields):
-            continue
-        spec = obj
-        existing = base.get(obj.api_name.lower())
+        existing = merged.get(obj.api_name.lower())
         if obj.extends and existing is not None:
             fields = {f.api_name.lower(): f for f in existing.fields}
             fields.update({f.api_name.lower(): f for f in obj.fields})
-            spec = existing.model_copy(update={"fields": tuple(fields.values()), "extends": False})
+            obj = existing.model_copy(update={"fields": tuple(fields.values()), "extends": False})
+        merged[obj.api_name.lower()] = obj
+    context = spec_context(merged.values(), "sqlite")
+    problems = []
+    for obj in pack.objects:
+        if obj.kind == "event" or not any(f.formula or f.summary for f in obj.fields):
+            continue
+        spec = merged[obj.api_name.lower()]
         own = {f.api_name.lower() for f in obj.fields}
-        _select, found = build_view_select(spec, object_table(spec, "sqlite"), "sqlite")
+        _select, found = build_view_select(spec, object_table(spec, "sqlite"), "sqlite", context)
         for p in found:
             if p.field_api_name.lower() in own:
                 problems.append(
