@@ -42,6 +42,7 @@ from nexuscrm.db.dialect import column_type, upsert
 from nexuscrm.formulas.relations import FormulaContext, ObjectRef
 from nexuscrm.packs.model import (
     STANDARD_COLUMNS,
+    CustomLabel,
     FieldSpec,
     FieldType,
     ObjectSpec,
@@ -345,14 +346,42 @@ def formula_context(conn: Connection, cat: Catalog) -> FormulaContext:
                 cache[key] = ObjectRef(entry.spec(), table)
         return cache[key]
 
-    return FormulaContext(objects)
+    return FormulaContext(objects, installed_labels(conn))
 
 
-def spec_context(specs: Iterable[ObjectSpec], dialect: str) -> FormulaContext:
+def installed_labels(conn: Connection) -> dict[str, str]:
+    """Custom labels (``$Label.<name>`` -> value) of the installed packs' payloads.
+
+    A pack being removed (``draining`` / ``removed``) contributes none; when
+    two packs define a label, the one of the later pack name wins.
+    """
+    ip = t.installed_pack
+    out: dict[str, str] = {}
+    rows = conn.execute(
+        select(ip.c.Name, ip.c.Payload)
+        .where(ip.c.Status.not_in(("draining", "removed")))
+        .order_by(ip.c.Name)
+    )
+    for row in rows:
+        if not row.Payload:
+            continue
+        try:
+            labels = json.loads(row.Payload).get("labels") or ()
+        except ValueError:
+            continue
+        for label in labels:
+            out[str(label["name"])] = str(label.get("value", ""))
+    return out
+
+
+def spec_context(
+    specs: Iterable[ObjectSpec], dialect: str, labels: Iterable[CustomLabel] = ()
+) -> FormulaContext:
     """A formula context over object specs not yet installed (plan time, dry runs):
-    tables as ``object_table`` would create them."""
+    tables as ``object_table`` would create them; ``labels`` for ``$Label``."""
     return FormulaContext.of(
-        {s.api_name: ObjectRef(s, object_table(s, dialect)) for s in specs if s.kind != "event"}
+        {s.api_name: ObjectRef(s, object_table(s, dialect)) for s in specs if s.kind != "event"},
+        {label.name: label.value for label in labels},
     )
 
 

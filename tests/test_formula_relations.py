@@ -25,7 +25,7 @@ from nexuscrm import catalog
 from nexuscrm.db.engine import make_engine
 from nexuscrm.formulas import CreateView, build_view_select, view_name
 from nexuscrm.packs.builtin import platform_packs
-from nexuscrm.packs.model import FieldSpec, ObjectSpec
+from nexuscrm.packs.model import CustomLabel, FieldSpec, ObjectSpec
 
 BLANK_AS_BLANK = "BlankAsBlank"
 
@@ -74,10 +74,10 @@ CHILD = obj(
 )
 
 
-def build(engine: Engine, specs: list[ObjectSpec]) -> None:
+def build(engine: Engine, specs: list[ObjectSpec], labels: tuple[CustomLabel, ...] = ()) -> None:
     """Create each table and view as ApplyAll would (views see every other object)."""
     dialect = engine.dialect.name
-    context = catalog.spec_context(specs, dialect)
+    context = catalog.spec_context(specs, dialect, labels)
     md = sa.MetaData()
     tables = {s.api_name: catalog.object_table(s, dialect, md) for s in specs}
     md.create_all(engine)
@@ -383,6 +383,60 @@ def test_rollup_cycle_fails_closed_naming_it() -> None:
     assert "formula cycle: Top__c.Total__c -> Leaf__c.Share__c -> Top__c.Total__c" in problem
 
 
+# --- global references ----------------------------------------------------------
+
+SETTING = obj(
+    "Setting__mdt",
+    fld("DeveloperName", "Text", length=40),
+    fld("Start_Month__c", "Number", precision=2, scale=0),
+    fld("Active__c", "Checkbox"),
+)
+USES = obj(
+    "Uses__c",
+    fld("Month__c", "Number", formula="$CustomMetadata.Setting__mdt.Default.Start_Month__c + 1"),
+    fld("Missing__c", "Number", formula="$CustomMetadata.Setting__mdt.Other.Start_Month__c + 1"),
+    fld("On__c", "Checkbox", formula="$CustomMetadata.Setting__mdt.Default.Active__c"),
+    fld("Greeting__c", "Text", formula="$Label.Hello & ' ' & Name"),
+)
+
+
+def test_custom_metadata_and_labels_read_what_is_installed(engine: Engine) -> None:
+    build(engine, [SETTING, USES], labels=(CustomLabel(name="hello", value="Hi"),))
+    insert(engine, "Setting__mdt",
+           {"Id": "s1", "Name": "Default", "DeveloperName": "Default", "Start_Month__c": 4,
+            "Active__c": True})  # fmt: skip
+    insert(engine, "Uses__c", {"Id": "u1", "Name": "Ada"})
+    row = view_rows(engine, "Uses__c")["u1"]
+    assert num(row["Month__c"]) == Decimal("5.00")
+    assert num(row["Missing__c"]) == Decimal("1.00")  # no such record: blank, BlankAsZero
+    assert int(row["On__c"]) == 1
+    assert row["Greeting__c"] == "Hi Ada"  # $Label names are case-insensitive
+    # The view follows the installed record, not a copy taken at build time.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE Setting__mdt SET Start_Month__c = 10"))
+    assert num(view_rows(engine, "Uses__c")["u1"]["Month__c"]) == Decimal("11.00")
+
+
+def test_globals_a_view_cannot_hold_are_refused_with_the_reason() -> None:
+    odd = obj(
+        "Odd__c",
+        fld("A__c", "Text", formula="$User.Id"),
+        fld("B__c", "Text", formula="$Api.Partner_Server_URL_260"),
+        fld("C__c", "Text", formula="$Organization.Name"),
+        fld("D__c", "Text", formula="$Label.Nowhere"),
+        fld("E__c", "Number", formula="$CustomMetadata.Ghost__mdt.Default.X__c"),
+        fld("F__c", "Text", formula="$Nonsense.X"),
+    )
+    problems = refusal([odd, SETTING], odd)
+    assert [p.split(":")[0] for p in problems] == ["A__c", "B__c", "C__c", "D__c", "E__c", "F__c"]
+    assert "the acting user is not known to a database view" in problems[0]
+    assert "API endpoints and session ids exist only inside Salesforce" in problems[1]
+    assert "stores no organization record" in problems[2]
+    assert "custom label 'Nowhere' is not defined in the project's labels/" in problems[3]
+    assert "no installed custom metadata type Ghost__mdt" in problems[4]
+    assert "unknown global variable '$Nonsense'" in problems[5]
+
+
 # --- end to end: an SFDX project through ApplyAll -----------------------------------
 
 
@@ -419,6 +473,10 @@ def write_project(root: Path) -> Path:
         "<precision>10</precision><scale>2</scale>",
         "Line__c/fields/Account_Name__c": "<label>Account name</label><type>Text</type>"
         "<formula>Order__r.Account__r.Name</formula>",
+        "Line__c/fields/Caption__c": "<label>Caption</label><type>Text</type>"
+        "<formula>$Label.Line_Prefix &amp; Name</formula>",
+        "Line__c/fields/Mine__c": "<label>Mine</label><type>Checkbox</type>"
+        "<formula>OwnerId = $User.Id</formula>",
     }
     for rel, body in files.items():
         path = objects / f"{rel}.field-meta.xml"
@@ -433,6 +491,15 @@ def write_project(root: Path) -> Path:
             "<deploymentStatus>Deployed</deploymentStatus><sharingModel>ReadWrite</sharingModel>"
             "</CustomObject>"
         )
+    labels = root / "force-app" / "main" / "default" / "labels"
+    labels.mkdir(parents=True)
+    (labels / "CustomLabels.labels-meta.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<CustomLabels xmlns="http://soap.sforce.com/2006/04/metadata"><labels>'
+        "<fullName>Line_Prefix</fullName><language>en_US</language><protected>false</protected>"
+        "<shortDescription>Line prefix</shortDescription><value>Line #</value></labels>"
+        "</CustomLabels>"
+    )
     (root / "sfdx-project.json").write_text(
         '{"name": "orders-app", "packageDirectories": [{"path": "force-app", "default": true}]}'
     )
@@ -442,13 +509,18 @@ def write_project(root: Path) -> Path:
 async def test_apply_all_builds_rollups_and_paths_and_verify_agrees(
     temporal_env: Any, settings: Any, tmp_path: Path
 ) -> None:
-    from tests.builders import apply_all
+    from tests.builders import apply_all, cli_env, invoke
 
     src = write_project(tmp_path / "orders")
     result = await apply_all(temporal_env, settings, app_pack_sources=[str(src)])
     assert result.status == "completed", result.reason
     derived = next(p for p in result.phases if p.name == "rebuild-derived")
-    assert "left out" not in (derived.detail or ""), derived.detail
+    # Only $User is left out, and said so in the result and in `status`.
+    assert "1 formula(s) left out: Line__c.Mine__c" in (derived.detail or ""), derived.detail
+    status = invoke(["status"], cli_env(settings))
+    assert status.exit_code == 0, status.output
+    assert "1 formula(s) left out of their views" in status.output
+    assert "Line__c.Mine__c: global variable '$User.Id' is not supported" in status.output
     engine = make_engine(settings.database_url)
     try:
         insert(engine, "Account", {"Id": "a1", "Name": "Acme"})
@@ -464,7 +536,9 @@ async def test_apply_all_builds_rollups_and_paths_and_verify_agrees(
         assert int(order["Lines__c"]) == 2  # "A, B" and "C"; "A" alone is not a value
         assert num(order["Total__c"]) == Decimal("111.00")
         assert int(order["Big__c"]) == 1
-        assert view_rows(engine, "Line__c")["l3"]["Account_Name__c"] == "Acme"
+        line = view_rows(engine, "Line__c")["l3"]
+        assert line["Account_Name__c"] == "Acme"
+        assert line["Caption__c"] == "Line #l3"
     finally:
         engine.dispose()
     # A converged re-run: verify compares the same view definitions, nothing changes.

@@ -36,7 +36,7 @@ from nexuscrm.db.dialect import view_names as physical_views
 from nexuscrm.errors import FatalError
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.log import log
-from nexuscrm.packs.model import FieldSpec, ObjectSpec
+from nexuscrm.packs.model import ObjectSpec
 
 
 @dataclass(frozen=True)
@@ -216,8 +216,39 @@ def rebuild_derived(
     return result
 
 
+def left_out_formulas(engine: Engine) -> list[FormulaIssue]:
+    """Formula and roll-up fields no view can hold, by object, field and reason.
+
+    Read-only: compiles every table object's view as rebuild-derived does
+    (same object context), without touching the database. What ``status``
+    shows; the database's own refusals are only known to a rebuild.
+    """
+    cat = catalog.CACHE.get(engine)
+    dialect = dialect_name(engine)
+    present = physical_tables(engine)
+    out: list[FormulaIssue] = []
+    with engine.connect() as conn:
+        context = catalog.formula_context(conn, cat)
+        for key in sorted(cat.objects):
+            obj = cat.objects[key]
+            if not obj.has_table or obj.table_name not in present:
+                continue
+            spec = obj.spec()
+            if not any(f.is_formula or f.summary is not None for f in spec.fields):
+                continue
+            table = Table(obj.table_name, MetaData(), autoload_with=conn)
+            _select, problems = build_view_select(spec, table, dialect, context)
+            out += [FormulaIssue(p.object_api_name, p.field_api_name, p.reason) for p in problems]
+    return out
+
+
 def _try_view(
-    engine: Engine, epoch: int | None, spec: ObjectSpec, table_name: str, dialect: str
+    engine: Engine,
+    epoch: int | None,
+    spec: ObjectSpec,
+    table_name: str,
+    dialect: str,
+    only: set[str] | None = None,
 ) -> tuple[list[FormulaIssue], str | None]:
     """Create or replace ``spec``'s view in a transaction of its own.
 
@@ -231,7 +262,7 @@ def _try_view(
             lease.require(conn, epoch)
             table = Table(table_name, MetaData(), autoload_with=conn)
             context = catalog.formula_context(conn, catalog.CACHE.get(engine))
-            select_, problems = build_view_select(spec, table, dialect, context)
+            select_, problems = build_view_select(spec, table, dialect, context, only)
             create_or_replace_view(conn, view_name(spec.api_name), select_)
             # What verify compares the view with (the last accepted build wins).
             viewdefs.record(conn, view_name(spec.api_name), select_)
@@ -272,32 +303,52 @@ def _build_view(
             )
         result.views.append(name)
         return
-    columns = tuple(f for f in spec.fields if not f.is_formula)
-    _, base_refused = _try_view(
-        engine, epoch, spec.model_copy(update={"fields": columns}), table_name, dialect
-    )
+    computed = [f for f in spec.fields if f.is_formula or f.summary is not None]
+    _, base_refused = _try_view(engine, epoch, spec, table_name, dialect, only=set())
     if base_refused is not None:
         result.refused.append(ViewRefusal(spec.api_name, name, None, base_refused))
         log.error("view refused", object=spec.api_name, view=name, reason=base_refused)
         return
-    accepted: list[FieldSpec] = []
-    for f in spec.fields:
-        if not f.is_formula:
+    # Each computed field on its own, beside those accepted so far; the spec
+    # keeps every field, so a formula that references a refused one is tried
+    # (and refused) with the database's own reason, not "unknown field".
+    accepted: set[str] = set()
+    for f in computed:
+        key = f.api_name.lower()
+        left_out, reason = _try_view(
+            engine, epoch, spec, table_name, dialect, only={*accepted, key}
+        )
+        own = [p for p in left_out if p.field_api_name == f.api_name]
+        if reason is None and own:
+            result.problems.extend(own)  # the compiler left it out, with its reason
             continue
-        trial = spec.model_copy(update={"fields": (*columns, *accepted, f)})
-        left_out, reason = _try_view(engine, epoch, trial, table_name, dialect)
-        if reason is None and any(p.field_api_name == f.api_name for p in left_out):
-            reason = next(p.reason for p in left_out if p.field_api_name == f.api_name)
         if reason is None:
-            accepted.append(f)
+            accepted.add(key)
+            continue
+        if _is_backend_limit(reason):
+            # Not a defect of the database or of the compiler: this backend
+            # cannot hold an expression this deep. Left out with the reason.
+            issue = FormulaIssue(
+                spec.api_name, f.api_name, f"the database cannot evaluate it here: {reason}"
+            )
+            result.problems.append(issue)
+            log.warning("formula left out of view", object=spec.api_name, field=f.api_name,
+                        reason=issue.reason)  # fmt: skip
             continue
         result.refused.append(ViewRefusal(spec.api_name, name, f.api_name, reason))
         log.error("formula refused", object=spec.api_name, field=f.api_name, reason=reason)
-    # The view is left with the columns and the accepted formulas: rebuild it
-    # so (the last trial may have been refused).
-    final = spec.model_copy(update={"fields": (*columns, *accepted)})
-    _try_view(engine, epoch, final, table_name, dialect)
+    # The view is left with the columns and the accepted fields: rebuild it so
+    # (the last trial may have been refused).
+    _try_view(engine, epoch, spec, table_name, dialect, only=accepted)
     result.views.append(name)
+
+
+# Limits of a backend's SQL parser, not errors in the formula or the database.
+_BACKEND_LIMITS = ("parser stack overflow", "Expression tree is too large")
+
+
+def _is_backend_limit(reason: str) -> bool:
+    return any(marker in reason for marker in _BACKEND_LIMITS)
 
 
 def _assert_views_exist(engine: Engine, epoch: int | None) -> DerivedResult:

@@ -95,7 +95,11 @@ def compile_formula(
 
 
 def build_view_select(
-    obj: ObjectSpec, table: sa.Table, dialect: str, context: FormulaContext | None = None
+    obj: ObjectSpec,
+    table: sa.Table,
+    dialect: str,
+    context: FormulaContext | None = None,
+    only: set[str] | None = None,
 ) -> tuple[Select[Any], list[FormulaProblem]]:
     """SELECT for ``obj``'s formula view, and the formulas left out of it.
 
@@ -105,14 +109,16 @@ def build_view_select(
     names the other objects: cross-object references (``Parent__r.Name``,
     up to 10 hops) become LEFT OUTER JOINs of the parents' tables, roll-ups
     correlated subqueries over the children's tables; without a context both
-    are left out with a reason.  Each field that does not compile is
+    are left out with a reason.  ``only`` (lower-case API names) selects just
+    those computed fields (others still inline where referenced).  Each field
+    that does not compile is
     returned as a ``FormulaProblem`` instead (never silently dropped).
     Create the view with
     ``connection.execute(CreateView(view_name(obj.api_name), select))``.
 
     Raises ``ValueError`` for an unknown dialect name; never ``FormulaError``.
     """
-    select, problems = view_select(obj, table, dialect, context)
+    select, problems = view_select(obj, table, dialect, context, only)
     return select, [FormulaProblem(obj.api_name, name, reason) for name, reason in problems]
 
 

@@ -42,6 +42,7 @@ from nexuscrm.packs.model import (
 from .dialects import DialectOps, Expr, int_lit, num_lit, ops_for, str_lit
 from .fnbase import arity
 from .functions import FUNCTIONS, PICKLIST_FUNCTIONS, SUPPORTED_FUNCTIONS
+from .globals import global_value
 from .relations import (
     MAX_HOPS,
     FormulaContext,
@@ -266,7 +267,10 @@ class FormulaCompiler:
         """A same-object field reference (case-insensitive)."""
         name = node.parts[0]
         if name.startswith("$"):
-            raise Reject(f"global variable {node.dotted!r} is not supported")
+            value = global_value(self, node)
+            if value.kind == Kind.NUMBER and scope.formula_treat_blanks_as == "BlankAsZero":
+                value = Value(Kind.NUMBER, self.ops.number(sa.func.coalesce(value.sql, 0)))
+            return value
         if len(node.parts) > 1:
             return self.across(node, scope)
         key = name.lower()
@@ -345,7 +349,7 @@ class FormulaCompiler:
         return replace(value, sql=sql, err=err, const=None, nonnull=False)
 
     def summary_value(self, f: FieldSpec) -> Value:
-        """A roll-up summary: the children aggregated per parent, LEFT JOINed on its Id.
+        """A roll-up summary: a correlated subquery over the master-detail children.
 
         COUNT counts child rows meeting every filter; SUM of none is 0; MIN
         and MAX of none are blank. The summarized field may be a formula or a
@@ -398,19 +402,13 @@ class FormulaCompiler:
             if value.err is not None:  # a child row in error counts as blank
                 operand = sa.case((value.err, sa.null()), else_=operand)
             agg = getattr(sa.func, summary.operation)(operand)
-        # One aggregate per roll-up, LEFT JOINed on the parent's Id: the
-        # parent's formulas read a plain column however often they use it
-        # (a correlated subquery inlined into each use nests too deep).
-        fk_col = alias.c[fk.api_name]
-        grouped = (
-            sa.select(fk_col.label("k"), agg.label("v"))
-            .select_from(sub_joins.from_clause())
-            .where(fk_col.is_not(None), *conditions)
-            .group_by(fk_col)
-            .subquery(f"r{self.joins.counter[0]}")
-        )
-        self.joins.joins[key] = (grouped, grouped.c.k == self.table.c.Id)
-        sql: Expr = grouped.c.v
+        # A correlated subquery: computed only for the parent rows a query
+        # reads (the master-detail column is indexed). A view computes its
+        # own roll-ups once, in an inner stage (nexuscrm.formulas.view), so
+        # its formulas read them as columns however often they use them.
+        conditions.append(alias.c[fk.api_name] == self.table.c.Id)
+        sub = sa.select(agg).select_from(sub_joins.from_clause()).where(*conditions)
+        sql: Expr = sub.scalar_subquery()
         if summary.operation in ("sum", "count"):
             sql = sa.func.coalesce(sql, int_lit(0))
         out = Value(kind, sql)

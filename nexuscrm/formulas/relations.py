@@ -62,16 +62,20 @@ class FormulaContext:
     """What the compiler may reach beyond the object itself.
 
     ``objects(api_name)`` returns the object (case-insensitive name) or
-    ``None`` when no installed pack defines it.
+    ``None`` when no installed pack defines it; ``labels`` the custom labels
+    (``$Label.Name`` -> value) of the installed packs.
     """
 
     objects: Callable[[str], ObjectRef | None] = _no_objects
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def of(specs: Mapping[str, ObjectRef]) -> FormulaContext:
+    def of(
+        specs: Mapping[str, ObjectRef], labels: Mapping[str, str] | None = None
+    ) -> FormulaContext:
         """A context over a fixed map of objects (keys matched case-insensitively)."""
         by_lower = {k.lower(): v for k, v in specs.items()}
-        return FormulaContext(lambda name: by_lower.get(name.lower()))
+        return FormulaContext(lambda name: by_lower.get(name.lower()), dict(labels or {}))
 
 
 @dataclass
@@ -94,6 +98,20 @@ class JoinSet:
         alias = target.table.alias(f"{self.prefix}{self.counter[0]}")
         self.joins[path] = (alias, alias.c.Id == fk)
         return alias
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where this set stands (for :meth:`reset` after a field fails to compile)."""
+        return len(self.joins), len(self.values), self.counter[0]
+
+    def reset(self, mark: tuple[int, int, int]) -> None:
+        """Forget the joins, values and alias numbers added since ``mark``, so a
+        view's definition does not depend on the fields it had to leave out."""
+        joins, values, counter = mark
+        for key in list(self.joins)[joins:]:
+            del self.joins[key]
+        for key in list(self.values)[values:]:
+            del self.values[key]
+        self.counter[0] = counter
 
     def sub_alias(self, target: ObjectRef) -> Any:
         """A fresh alias of ``target`` for a roll-up's aggregate (unique in the statement)."""

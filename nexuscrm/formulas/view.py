@@ -11,40 +11,84 @@ from sqlalchemy.sql import Select
 
 from nexuscrm.packs.model import ObjectSpec
 
-from .compiler import CompileFailure, compile_field
+from .compiler import CompileFailure, FormulaCompiler, compile_field
 from .relations import FormulaContext, JoinSet
+from .values import Value
 
 
 def view_select(
-    obj: ObjectSpec, table: sa.Table, dialect: str, context: FormulaContext | None = None
+    obj: ObjectSpec,
+    table: sa.Table,
+    dialect: str,
+    context: FormulaContext | None = None,
+    only: set[str] | None = None,
 ) -> tuple[Select[Any], list[tuple[str, str]]]:
     """SELECT every column of ``table`` plus each formula and roll-up that compiles.
 
-    Cross-object references become LEFT OUTER JOINs of the parents (one per
-    relationship path, shared by the view's formulas); roll-ups correlated
-    subqueries over the children. ``context`` names the other objects; without
-    it both are left out with a reason. Returns the select and
-    ``(field_api_name, reason)`` for each field left out.
+    Roll-ups are computed first, in an inner stage (``SELECT <table>.*,
+    <roll-up subqueries> FROM <table>``, aliased ``rollups``), each a
+    correlated subquery over the children, so a query for a few parents
+    aggregates only their children, and the formulas of the outer select read
+    a roll-up as a column however often they use it. Cross-object references
+    become LEFT OUTER JOINs of the parents (one per relationship path, shared
+    by the view's formulas). ``context`` names the other objects; without it
+    both are left out with a reason. ``only`` (lower-case API names): select
+    just these computed fields (the others still inline where referenced).
+    Returns the select and ``(field_api_name, reason)`` for each field left
+    out.
     """
-    columns: list[Any] = list(table.c)
-    taken = {c.name.lower() for c in table.c}
     problems: list[tuple[str, str]] = []
-    joins = JoinSet(table)
-    for f in obj.fields:
-        if not f.is_formula and f.summary is None:
-            continue
+    taken = {c.name.lower() for c in table.c}
+    wanted = [
+        f
+        for f in obj.fields
+        if (f.is_formula or f.summary is not None) and (only is None or f.api_name.lower() in only)
+    ]
+    for f in wanted:
         if f.api_name.lower() in taken:
             problems.append((f.api_name, f"name collides with column {f.api_name} of the table"))
+    wanted = [f for f in wanted if f.api_name.lower() not in taken]
+    rollups = [f for f in obj.fields if f.summary is not None and f.api_name.lower() not in taken]
+    base: Any = table
+    staged: dict[str, Value] = {}
+    if rollups:
+        stage = JoinSet(table)
+        inner: list[Any] = list(table.c)
+        for f in rollups:
+            mark = stage.mark()
+            try:
+                expr = compile_field(obj, f, table, dialect, context, stage)
+            except CompileFailure as exc:
+                stage.reset(mark)
+                if any(w is f for w in wanted):
+                    problems.append((exc.field_api_name, exc.reason))
+                continue
+            # Its raw value, from the stage's cache (compiled just above).
+            value = FormulaCompiler(obj, table, dialect, context, stage).formula_value(f)
+            inner.append(expr.label(f.api_name))
+            staged[f.api_name] = value
+        base = sa.select(*inner).select_from(stage.from_clause()).subquery("rollups")
+    columns: list[Any] = [base.c[c.name] for c in table.c]
+    joins = JoinSet(base)
+    for name, value in staged.items():
+        # Formulas read the stage's column (the finished, rounded value, as
+        # Salesforce's formulas read a stored roll-up).
+        joins.values[("#" + name.lower(),)] = Value(value.kind, base.c[name])
+    for f in wanted:
+        if f.summary is not None:
+            if f.api_name in staged:
+                columns.append(base.c[f.api_name])
             continue
+        mark = joins.mark()
         try:
-            expr = compile_field(obj, f, table, dialect, context, joins)
+            expr = compile_field(obj, f, base, dialect, context, joins)
         except CompileFailure as exc:
+            joins.reset(mark)  # a field left out leaves no join behind
             problems.append((exc.field_api_name, exc.reason))
             continue
         columns.append(expr.label(f.api_name))
-        taken.add(f.api_name.lower())
     select = sa.select(*columns)
-    if joins.joins:
+    if joins.joins or base is not table:
         select = select.select_from(joins.from_clause())
     return select, problems
 

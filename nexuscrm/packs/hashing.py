@@ -23,7 +23,7 @@ def canonical_payload(pack: PackManifest) -> str:
     """
     data = pack.model_dump(mode="json")
     # Connector keys came later: left out when empty so older packs keep their hash.
-    for key in ("inbound_routes", "callout_profiles"):
+    for key in ("inbound_routes", "callout_profiles", "labels"):
         if not data[key]:
             del data[key]
     # Later still: namespaces, customizations, custom metadata records.
@@ -35,6 +35,11 @@ def canonical_payload(pack: PackManifest) -> str:
                 obj.pop(key, None)
         if obj.get("package_namespace") is None:
             obj.pop("package_namespace", None)
+        for fld in obj.get("fields", ()):
+            # Roll-up filter criteria came with roll-ups computed in views.
+            summary = fld.get("summary")
+            if summary is not None and not summary.get("filters"):
+                summary.pop("filters", None)
     for route in data.get("inbound_routes", ()):
         # Likewise a route's companion_pack (cross-pack routes came later still).
         if route.get("companion_pack") is None:

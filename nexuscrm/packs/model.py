@@ -398,6 +398,16 @@ class CalloutProfile(BaseModel):
 STANDARD_COLUMNS = ("Id", "Name", "OwnerId", "CreatedDate", "LastModifiedDate", "IsDeleted")
 
 
+class CustomLabel(BaseModel):
+    """A custom label of a Salesforce DX project (``labels/*.labels-meta.xml``):
+    what ``$Label.<name>`` reads in a formula."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    value: str = ""
+
+
 class PackManifest(BaseModel):
     """A pack: name, category, version, dependencies, objects.
 
@@ -418,6 +428,7 @@ class PackManifest(BaseModel):
     objects: tuple[ObjectSpec, ...] = ()
     inbound_routes: tuple[InboundRoute, ...] = ()
     callout_profiles: tuple[CalloutProfile, ...] = ()
+    labels: tuple[CustomLabel, ...] = ()
     source: str = Field(default="", exclude=True)
 
     @field_validator("name")

@@ -50,6 +50,7 @@ from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
     Category,
+    CustomLabel,
     FieldCustomization,
     FieldSpec,
     FieldType,
@@ -65,7 +66,7 @@ from nexuscrm.packs.sfdx_fields import (
     _q,
     _text,
 )
-from nexuscrm.packs.sfdx_records import parse_record, record_files
+from nexuscrm.packs.sfdx_records import label_files, parse_labels, parse_record, record_files
 
 SFDX_PROJECT_FILE = "sfdx-project.json"
 OBJECT_SUFFIX = ".object-meta.xml"
@@ -259,6 +260,7 @@ class _Collected:
         default_factory=dict
     )
     records: dict[str, list[tuple[Path, RecordSpec]]] = field(default_factory=dict)
+    labels: list[CustomLabel] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     def fail(self, exc: ManifestError) -> None:
@@ -331,6 +333,18 @@ def _collect(package_dirs: list[Path]) -> _Collected:
                 out.problems.append(parsed)
             else:
                 out.records.setdefault(parsed[0], []).append((record_file, parsed[1]))
+        for labels_file in label_files(base):
+            labels = parse_labels(labels_file)
+            if isinstance(labels, Problem):
+                out.problems.append(labels)
+                continue
+            for label in labels:
+                if label.name.lower() in {x.name.lower() for x in out.labels}:
+                    out.problems.append(
+                        Problem(str(labels_file), label.name, "custom label defined twice")
+                    )
+                else:
+                    out.labels.append(label)
     return out
 
 
@@ -498,6 +512,7 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
             depends_on=tuple(dict.fromkeys(DEFAULT_DEPENDS_ON + extra_deps)),
             namespace=namespace,
             objects=tuple(specs),
+            labels=tuple(sorted(found.labels, key=lambda x: x.name.lower())),
             source=str(root.resolve()),
         )
     except ValidationError as exc:

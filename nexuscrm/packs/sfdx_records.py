@@ -19,7 +19,7 @@ import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
 
 from nexuscrm.errors import Problem
-from nexuscrm.packs.model import RecordSpec, validate_identifier
+from nexuscrm.packs.model import CustomLabel, RecordSpec, validate_identifier
 
 METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
 XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
@@ -84,3 +84,45 @@ def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
     return object_api, RecordSpec(
         developer_name=developer_name, label=label or developer_name, values=values
     )
+
+
+LABELS_SUFFIX = ".labels-meta.xml"
+
+
+def label_files(base: Path) -> Iterator[Path]:
+    """Every ``labels/*.labels-meta.xml`` under ``base``, sorted."""
+    for dirpath, dirnames, files in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        if Path(dirpath).name == "labels":
+            for name in sorted(files):
+                if name.endswith(LABELS_SUFFIX):
+                    yield Path(dirpath) / name
+
+
+def parse_labels(path: Path) -> list[CustomLabel] | Problem:
+    """Custom labels of one ``<CustomLabels>`` file (``$Label.<fullName>`` -> ``<value>``).
+
+    Problems: XML that does not parse or declares a DTD, another root element,
+    a ``<labels>`` entry without ``<fullName>``.
+    """
+    try:
+        root = safe_et.parse(str(path), forbid_dtd=True).getroot()
+    except DefusedXmlException as exc:
+        return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
+    except ParseError as exc:
+        return Problem(str(path), "", f"XML does not parse: {exc}")
+    except OSError as exc:
+        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
+    if root.tag != _q("CustomLabels"):
+        return Problem(str(path), "", f"root element is <{root.tag}>, expected <CustomLabels>")
+    out = []
+    for i, entry in enumerate(root.findall(_q("labels"))):
+        name_el = entry.find(_q("fullName"))
+        name = (name_el.text or "").strip() if name_el is not None else ""
+        if not name:
+            return Problem(str(path), f"<labels>[{i}]", "<fullName> is missing")
+        value_el = entry.find(_q("value"))
+        out.append(
+            CustomLabel(name=name, value=(value_el.text or "") if value_el is not None else "")
+        )
+    return out

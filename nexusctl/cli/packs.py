@@ -174,7 +174,7 @@ def _formula_problems(pack: PackManifest, platform: list[PackManifest]) -> list[
             fields.update({f.api_name.lower(): f for f in obj.fields})
             obj = existing.model_copy(update={"fields": tuple(fields.values()), "extends": False})
         merged[obj.api_name.lower()] = obj
-    context = spec_context(merged.values(), "sqlite")
+    context = spec_context(merged.values(), "sqlite", pack.labels)
     problems = []
     for obj in pack.objects:
         if obj.kind == "event" or not any(f.formula or f.summary for f in obj.fields):

@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 
 from nexuscrm.contracts import ApplyAllResult, PhaseReport
 from nexuscrm.contracts.controlplane_queue import ControlPlaneQueueStatus
-from nexuscrm.controlplane import markers
+from nexuscrm.controlplane import derived, markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import NexusError
@@ -302,6 +302,15 @@ def print_status(settings: Settings) -> None:
     console.print(packs)
     if pack_errors.row_count:
         console.print(pack_errors)
+    if t.object_meta.name in table_names(engine):
+        left_out = derived.left_out_formulas(engine)
+        if left_out:
+            console.print(f"[yellow]{len(left_out)} formula(s) left out of their views:[/yellow]")
+            for issue in left_out:
+                console.print(
+                    f"  {issue.object_api_name}.{issue.field_api_name}: {escape(issue.reason)}",
+                    soft_wrap=True,
+                )
     marker = markers.read(engine)
     if marker is None or marker.status != markers.MarkerStatus.completed:
         console.print("[yellow]ApplyAll has not completed on this database[/yellow]")
