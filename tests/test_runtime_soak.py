@@ -213,6 +213,10 @@ async def reconciles_done(client: Client, database_id: str) -> int:
     return total
 
 
+# SQLite only: what this soaks is the long-lived workflows' histories against
+# the server's limits, which no database changes; MariaDB runs the same
+# workflows in test_connector_runtime and tests/faults.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 async def test_a_week_of_reconciles_rebuilds_and_a_pack_change(
     limited_env: WorkflowEnvironment,
     settings: Settings,
