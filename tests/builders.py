@@ -326,6 +326,46 @@ def corpus_project(name: str) -> Path:
     return path
 
 
+CORPUS_PROJECTS = [
+    "apex-recipes",
+    "dreamhouse-lwc",
+    "ebikes-lwc",
+    "eda",
+    "k12-architecture-kit",
+    "lwc-recipes",
+    "project-management-tool",
+]
+
+
+async def install_whole_corpus(env: WorkflowEnvironment, settings: Settings) -> list[str]:
+    """ApplyAll of all seven corpus projects on ``settings``' database, each view read,
+    then a second ApplyAll that must write nothing; returns the views."""
+    from sqlalchemy import text
+
+    from nexuscrm import catalog
+    from nexuscrm.db.dialect import quote
+
+    sources = [str(corpus_project(p)) for p in CORPUS_PROJECTS]
+    result = await apply_all(env, settings, app_pack_sources=sources)
+    assert result.status == "completed", result.reason
+    engine = make_engine(settings.database_url)
+    try:
+        views = sorted(inspect(engine).get_view_names())
+        with engine.connect() as conn:
+            for view in views:
+                conn.execute(text(f"SELECT * FROM {quote(conn, view)} LIMIT 1")).all()
+        before = snapshot(engine)
+        catalog.CACHE.invalidate()
+        again = await apply_all(env, settings)
+        assert again.status == "completed", again.reason
+        detail = next(p.detail or "" for p in again.phases if p.name == "apply-packs")
+        assert "tables created 0, columns added 0, rows 0" in detail, detail
+        assert snapshot(engine) == before
+    finally:
+        engine.dispose()
+    return views
+
+
 def snapshot(engine: Engine) -> dict[str, Any]:
     """Everything ApplyAll converges, minus timestamps and generated install ids.
 

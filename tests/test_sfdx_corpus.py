@@ -24,17 +24,18 @@ from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.errors import PackProblems
 from nexuscrm.packs.loader import load_pack_source
-from tests.builders import apply_all, cli_env, corpus_project, invoke, snapshot, write_sfdx
+from tests.builders import (
+    CORPUS_PROJECTS,
+    apply_all,
+    cli_env,
+    corpus_project,
+    install_whole_corpus,
+    invoke,
+    snapshot,
+    write_sfdx,
+)
 
-PROJECTS = [
-    "apex-recipes",
-    "dreamhouse-lwc",
-    "ebikes-lwc",
-    "eda",
-    "k12-architecture-kit",
-    "lwc-recipes",
-    "project-management-tool",
-]
+PROJECTS = CORPUS_PROJECTS
 
 
 def _summary_rows(output: str) -> dict[str, list[str]]:
@@ -116,8 +117,6 @@ async def test_all_corpus_projects_on_one_sqlite_database(temporal_env, tmp_path
     """All seven projects, unedited, in one ApplyAll on SQLite; every view reads;
     a second ApplyAll writes nothing. (MariaDB, on every collation:
     ``tests/faults/test_database_defaults.py``.)"""
-    from sqlalchemy import text
-
     from nexuscrm.settings import Settings
 
     db = Settings(
@@ -126,24 +125,8 @@ async def test_all_corpus_projects_on_one_sqlite_database(temporal_env, tmp_path
         env="development",
         NEXUS_DATABASE_ID=f"test-{uuid.uuid4().hex[:8]}",
     )
-    for url in [db.database_url]:
-        sources = [str(corpus_project(p)) for p in PROJECTS]
-        result = await apply_all(temporal_env, db, app_pack_sources=sources)
-        assert result.status == "completed", result.reason
-        engine = make_engine(url)
-        views = inspect(engine).get_view_names()
-        assert len(views) >= len(PROJECTS)
-        with engine.connect() as conn:
-            for view in views:
-                conn.execute(text(f'SELECT * FROM "{view}" LIMIT 1')).all()
-        before = snapshot(engine)
-        catalog.CACHE.invalidate()
-        again = await apply_all(temporal_env, db)
-        assert again.status == "completed", again.reason
-        detail = next(p.detail or "" for p in again.phases if p.name == "apply-packs")
-        assert "tables created 0, columns added 0, rows 0" in detail, detail
-        assert snapshot(engine) == before
-        engine.dispose()
+    views = await install_whole_corpus(temporal_env, db)
+    assert len(views) >= len(PROJECTS)
 
 
 def _row(engine: Engine, table: str, row_id: str) -> dict[str, Any]:

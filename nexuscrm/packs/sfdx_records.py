@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from xml.etree.ElementTree import ParseError
+from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
@@ -29,6 +29,21 @@ _SKIP_DIRS = frozenset({"node_modules", "__pycache__"})
 
 def _q(tag: str) -> str:
     return f"{{{METADATA_NS}}}{tag}"
+
+
+def _read_root(path: Path, tag: str) -> Element | Problem:
+    """The root element of a metadata file, checked to be ``<tag>``, or the problem."""
+    try:
+        root: Element = safe_et.parse(str(path), forbid_dtd=True).getroot()
+    except DefusedXmlException as exc:
+        return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
+    except ParseError as exc:
+        return Problem(str(path), "", f"XML does not parse: {exc}")
+    except OSError as exc:
+        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
+    if root.tag != _q(tag):
+        return Problem(str(path), "", f"root element is <{root.tag}>, expected <{tag}>")
+    return root
 
 
 def record_files(base: Path) -> Iterator[Path]:
@@ -58,16 +73,9 @@ def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
         validate_identifier(object_api, "custom metadata type")
     except ValueError as exc:
         return Problem(str(path), "", str(exc))
-    try:
-        root = safe_et.parse(str(path), forbid_dtd=True).getroot()
-    except DefusedXmlException as exc:
-        return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
-    except ParseError as exc:
-        return Problem(str(path), "", f"XML does not parse: {exc}")
-    except OSError as exc:
-        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
-    if root.tag != _q("CustomMetadata"):
-        return Problem(str(path), "", f"root element is <{root.tag}>, expected <CustomMetadata>")
+    root = _read_root(path, "CustomMetadata")
+    if isinstance(root, Problem):
+        return root
     label_el = root.find(_q("label"))
     label = (label_el.text or "").strip() if label_el is not None else ""
     values: dict[str, str | None] = {}
@@ -105,16 +113,9 @@ def parse_labels(path: Path) -> list[CustomLabel] | Problem:
     Problems: XML that does not parse or declares a DTD, another root element,
     a ``<labels>`` entry without ``<fullName>``.
     """
-    try:
-        root = safe_et.parse(str(path), forbid_dtd=True).getroot()
-    except DefusedXmlException as exc:
-        return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
-    except ParseError as exc:
-        return Problem(str(path), "", f"XML does not parse: {exc}")
-    except OSError as exc:
-        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
-    if root.tag != _q("CustomLabels"):
-        return Problem(str(path), "", f"root element is <{root.tag}>, expected <CustomLabels>")
+    root = _read_root(path, "CustomLabels")
+    if isinstance(root, Problem):
+        return root
     out = []
     for i, entry in enumerate(root.findall(_q("labels"))):
         name_el = entry.find(_q("fullName"))

@@ -88,17 +88,6 @@ async def test_latin1_database_stores_any_text(temporal_env: Any, latin1_setting
 COLLATIONS = ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "utf8mb4_bin", "utf8mb4_0900_ai_ci"]
 
 
-CORPUS_PROJECTS = [
-    "apex-recipes",
-    "dreamhouse-lwc",
-    "ebikes-lwc",
-    "eda",
-    "k12-architecture-kit",
-    "lwc-recipes",
-    "project-management-tool",
-]
-
-
 @pytest.mark.parametrize("collation", COLLATIONS)
 async def test_all_corpus_projects_install_on_a_database_of_any_utf8mb4_collation(
     temporal_env: Any, tmp_path: Path, collation: str
@@ -110,9 +99,7 @@ async def test_all_corpus_projects_install_on_a_database_of_any_utf8mb4_collatio
     explicitly, so column and expression collations agree whatever the
     database default. Every view is readable; a second ApplyAll writes
     nothing."""
-    from sqlalchemy import inspect
-
-    from tests.builders import apply_all, corpus_project, snapshot
+    from tests.builders import install_whole_corpus
 
     if MYSQL_URL:
         admin = make_engine(MYSQL_URL)
@@ -121,22 +108,6 @@ async def test_all_corpus_projects_install_on_a_database_of_any_utf8mb4_collatio
         admin.dispose()
         if not known:  # MariaDB before 11.4 has no MySQL 8 collations
             pytest.skip(f"this server does not know {collation}")
-    sources = [str(corpus_project(p)) for p in CORPUS_PROJECTS]
     for url in fresh_database_url("mysql", tmp_path, collation=collation):
-        db = mysql_settings(url)
-        result = await apply_all(temporal_env, db, app_pack_sources=sources)
-        assert result.status == "completed", result.reason
-        engine = make_engine(url)
-        views = inspect(engine).get_view_names()
+        views = await install_whole_corpus(temporal_env, mysql_settings(url))
         assert "v_Broker__c" in views and "v_Metadata_Driven_Trigger__mdt" in views
-        with engine.connect() as conn:
-            for view in views:
-                conn.execute(text(f"SELECT * FROM `{view}` LIMIT 1")).all()
-        before = snapshot(engine)
-        catalog.CACHE.invalidate()
-        again = await apply_all(temporal_env, db)
-        assert again.status == "completed", again.reason
-        detail = next(p.detail or "" for p in again.phases if p.name == "apply-packs")
-        assert "tables created 0, columns added 0, rows 0" in detail, detail
-        assert snapshot(engine) == before
-        engine.dispose()
