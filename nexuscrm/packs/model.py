@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -91,7 +91,7 @@ NUMERIC_TYPES = frozenset({FieldType.Number, FieldType.Currency, FieldType.Perce
 REFERENCE_TYPES = frozenset({FieldType.Lookup, FieldType.MasterDetail})
 
 
-SUMMARY_FILTER_OPERATIONS = (
+SummaryFilterOperation = Literal[
     "equals",
     "notEqual",
     "lessThan",
@@ -103,7 +103,8 @@ SUMMARY_FILTER_OPERATIONS = (
     "startsWith",
     "includes",
     "excludes",
-)
+]
+SUMMARY_FILTER_OPERATIONS: tuple[str, ...] = get_args(SummaryFilterOperation)
 
 
 class SummaryFilter(BaseModel):
@@ -118,19 +119,7 @@ class SummaryFilter(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     field: str
-    operation: Literal[
-        "equals",
-        "notEqual",
-        "lessThan",
-        "greaterThan",
-        "lessOrEqual",
-        "greaterOrEqual",
-        "contains",
-        "notContain",
-        "startsWith",
-        "includes",
-        "excludes",
-    ]
+    operation: SummaryFilterOperation
     value: str = ""
 
 

@@ -46,15 +46,20 @@ def _read_root(path: Path, tag: str) -> Element | Problem:
     return root
 
 
-def record_files(base: Path) -> Iterator[Path]:
-    """Every ``customMetadata/*.md-meta.xml`` under ``base``, sorted; hidden and
+def _files_in(base: Path, folder: str, suffix: str) -> Iterator[Path]:
+    """Every ``<folder>/*<suffix>`` under ``base``, sorted; hidden and
     ``node_modules`` folders are not searched."""
     for dirpath, dirnames, files in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
-        if Path(dirpath).name == "customMetadata":
+        if Path(dirpath).name == folder:
             for name in sorted(files):
-                if name.endswith(RECORD_SUFFIX):
+                if name.endswith(suffix):
                     yield Path(dirpath) / name
+
+
+def record_files(base: Path) -> Iterator[Path]:
+    """Every ``customMetadata/*.md-meta.xml`` under ``base``, sorted."""
+    return _files_in(base, "customMetadata", RECORD_SUFFIX)
 
 
 def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
@@ -99,12 +104,7 @@ LABELS_SUFFIX = ".labels-meta.xml"
 
 def label_files(base: Path) -> Iterator[Path]:
     """Every ``labels/*.labels-meta.xml`` under ``base``, sorted."""
-    for dirpath, dirnames, files in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
-        if Path(dirpath).name == "labels":
-            for name in sorted(files):
-                if name.endswith(LABELS_SUFFIX):
-                    yield Path(dirpath) / name
+    return _files_in(base, "labels", LABELS_SUFFIX)
 
 
 def parse_labels(path: Path) -> list[CustomLabel] | Problem:
