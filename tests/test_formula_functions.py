@@ -686,3 +686,86 @@ def test_pmt_release_quarter(dialect: str) -> None:
         world.drop()
     assert world.problems == []
     assert got == {"jan": "FY24-Q4", "may": "FY25-Q2", "dec": "FY100-Q4", "blank": "FY-"}
+
+
+# --- roll-ups of Percent fields ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_percent_rollup_is_a_percent(dialect: str) -> None:
+    """A roll-up has the type of the field it summarizes ("Roll-Up Summary Field",
+    Salesforce Help): SUM / MAX of a Percent field, and a SUM of that roll-up, are
+    Percents, shown as percentages (50% + 25% is 75) like a stored Percent; inside a
+    formula they read as fractions, like every Percent (75% / 3 is 0.25, shown 25 as
+    a Percent result). COUNT is a number. (project-management-tool's
+    PMT_Phase__c.Sum_Of_Task_Completion__c showed 0.75.)"""
+    from nexuscrm import catalog
+
+    tag = uuid.uuid4().hex[:8]
+    top, mid, leaf = f"Top{tag}__c", f"Mid{tag}__c", f"Leaf{tag}__c"
+
+    def rollup(op: str, child: str, fk: str, summed: str | None = None) -> dict[str, Any]:
+        spec = {"operation": op, "foreign_key_field": f"{child}.{fk}"}
+        return {"summary": spec | ({"summarized_field": f"{child}.{summed}"} if summed else {})}
+
+    leaf_spec = ObjectSpec(
+        api_name=leaf,
+        fields=(
+            F("Mid__c", FieldType.MasterDetail, reference_to=mid),
+            F("Done__c", FieldType.Percent, precision=5, scale=0),
+        ),
+    )
+    mid_spec = ObjectSpec(
+        api_name=mid,
+        fields=(
+            F("Top__c", FieldType.MasterDetail, reference_to=top),
+            F("Done_Sum__c", FieldType.Summary, **rollup("sum", leaf, "Mid__c", "Done__c")),
+            F("Done_Max__c", FieldType.Summary, **rollup("max", leaf, "Mid__c", "Done__c")),
+            F("Leaves__c", FieldType.Summary, **rollup("count", leaf, "Mid__c")),
+            F("Average__c", FieldType.Percent, "Done_Sum__c / Leaves__c", scale=0),
+            F("Average_Num__c", N, "Done_Sum__c / Leaves__c", scale=2),
+        ),
+    )
+    top_spec = ObjectSpec(
+        api_name=top,
+        fields=(
+            F("All_Done__c", FieldType.Summary, **rollup("sum", mid, "Top__c", "Done_Sum__c")),
+        ),
+    )
+    specs = [top_spec, mid_spec, leaf_spec]
+    engine = engine_for(dialect)
+    context = catalog.spec_context(specs, dialect)
+    md = sa.MetaData()
+    tables = {s.api_name: catalog.object_table(s, dialect, md) for s in specs}
+    views = [view_name(s.api_name) for s in specs]
+    try:
+        with engine.begin() as conn:
+            md.create_all(conn)
+            for s in specs:
+                select, problems = build_view_select(s, tables[s.api_name], dialect, context)
+                assert problems == []
+                conn.execute(CreateView(view_name(s.api_name), select))
+            conn.execute(tables[top].insert(), [{"Id": "t1", "IsDeleted": False}])
+            conn.execute(tables[mid].insert(), [{"Id": "m1", "Top__c": "t1", "IsDeleted": False}])
+            conn.execute(
+                tables[leaf].insert(),
+                [
+                    {"Id": f"l{i}", "Mid__c": "m1", "Done__c": done, "IsDeleted": False}
+                    for i, done in enumerate([50, 25, None])
+                ],
+            )
+        quote = engine.dialect.identifier_preparer.quote
+        with engine.connect() as conn:
+            m1 = conn.exec_driver_sql(f"SELECT * FROM {quote(view_name(mid))}").mappings().one()
+            t1 = conn.exec_driver_sql(f"SELECT * FROM {quote(view_name(top))}").mappings().one()
+    finally:
+        with engine.begin() as conn:
+            for v in views:
+                conn.execute(DropView(v))
+            md.drop_all(conn)
+    check(m1["Done_Sum__c"], 75)  # 50% + 25% (the blank is skipped)
+    check(m1["Done_Max__c"], 50)
+    check(m1["Leaves__c"], 3)
+    check(m1["Average__c"], 25)  # 0.75 / 3 = 0.25, a Percent result: 25
+    check(m1["Average_Num__c"], 0.25)  # the same fraction as a Number
+    check(t1["All_Done__c"], 75)  # a SUM of the Percent roll-up is a Percent too

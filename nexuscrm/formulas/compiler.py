@@ -18,7 +18,8 @@ or Percent reference reads as 0 (text, date and checkbox references never do);
 blank text is '' everywhere (``&``, ``+``, comparisons, LEN) and a Text result
 of '' reads as NULL.  Text comparison is case-sensitive.  A Percent field is a
 fraction inside formulas (a stored 10 means 10% and reads as 0.1) and a
-Percent result is stored back as a percentage.  Number results are rounded
+Percent result is stored back as a percentage; so is a roll-up of a Percent
+(SUM / MIN / MAX), which Salesforce types like the field it summarizes.  Number results are rounded
 half away from zero to the field's scale, when it has one; a formula field
 referenced from another formula is inlined unrounded, the way Salesforce
 inlines referenced formulas into the caller's compiled formula.
@@ -50,6 +51,7 @@ from .relations import (
     child_field_name,
     filter_predicate,
     find_relationship,
+    summary_is_percent,
     summary_result_kind,
 )
 from .syntax import (
@@ -218,7 +220,10 @@ class FormulaCompiler:
             out = ops.blank_to_null(ops.trim_blanks(value.sql))
         elif want == Kind.NUMBER:
             out = value.sql
-            if f.type == FieldType.Percent:
+            if f.type == FieldType.Percent or (
+                f.summary is not None and summary_is_percent(f, self.context)
+            ):
+                # A Percent is a fraction inside formulas, a percentage when shown.
                 out = ops.number(out) * int_lit(100)
             if f.scale is not None:
                 out = ops.round(out, int_lit(f.scale), f.scale)

@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import FromClause
 
-from nexuscrm.packs.model import REFERENCE_TYPES, FieldSpec, ObjectSpec, SummaryFilter
+from nexuscrm.packs.model import REFERENCE_TYPES, FieldSpec, FieldType, ObjectSpec, SummaryFilter
 
 from .dialects import DialectOps, Expr, num_lit, str_lit
 from .values import Kind, Pred, Reject, Value
@@ -253,3 +253,32 @@ def summary_result_kind(f: FieldSpec, summarized: Value | None) -> Kind:
     if f.summary.operation in ("count", "sum") or summarized is None:
         return Kind.NUMBER
     return summarized.kind
+
+
+def summary_is_percent(f: FieldSpec, context: FormulaContext) -> bool:
+    """Whether roll-up ``f`` is a Percent, as Salesforce types a roll-up: like the
+    field it summarizes. SUM, MIN or MAX of a Percent field (stored or formula),
+    or of a roll-up that is itself one, is a Percent; COUNT is a number.
+
+    Inside formulas a roll-up reads as a fraction, as every Percent does; the
+    view shows a Percent roll-up as a percentage (``nexuscrm.formulas.view``).
+    """
+    seen: set[tuple[str, str]] = set()
+    while f.summary is not None and f.summary.operation != "count":
+        summary = f.summary
+        child_name = (summary.foreign_key_field or "").partition(".")[0]
+        child = context.objects(child_name) if child_name else None
+        if child is None or not summary.summarized_field:
+            return False
+        name = summary.summarized_field.rpartition(".")[2].lower()
+        key = (child.spec.api_name.lower(), name)
+        if key in seen:  # a roll-up cycle (refused elsewhere)
+            return False
+        seen.add(key)
+        target = next((x for x in child.spec.fields if x.api_name.lower() == name), None)
+        if target is None:
+            return False
+        if target.type == FieldType.Percent:
+            return True
+        f = target
+    return False

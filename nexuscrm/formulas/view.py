@@ -9,11 +9,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 from sqlalchemy.sql import Select
 
-from nexuscrm.packs.model import ObjectSpec
+from nexuscrm.packs.model import FieldSpec, ObjectSpec
 
 from .compiler import CompileFailure, FormulaCompiler, compile_field
-from .relations import FormulaContext, JoinSet
-from .values import Value
+from .dialects import num_lit, ops_for
+from .relations import FormulaContext, JoinSet, summary_is_percent
+from .values import Kind, Value
 
 
 def view_select(
@@ -50,7 +51,7 @@ def view_select(
     wanted = [f for f in wanted if f.api_name.lower() not in taken]
     rollups = [f for f in obj.fields if f.summary is not None and f.api_name.lower() not in taken]
     base: Any = table
-    staged: dict[str, Value] = {}
+    staged: dict[str, tuple[FieldSpec, Value]] = {}
     if rollups:
         stage = JoinSet(table)
         inner: list[Any] = list(table.c)
@@ -66,14 +67,19 @@ def view_select(
             # Its raw value, from the stage's cache (compiled just above).
             value = FormulaCompiler(obj, table, dialect, context, stage).formula_value(f)
             inner.append(expr.label(f.api_name))
-            staged[f.api_name] = value
+            staged[f.api_name] = (f, value)
         base = sa.select(*inner).select_from(stage.from_clause()).subquery("rollups")
     columns: list[Any] = [base.c[c.name] for c in table.c]
     joins = JoinSet(base)
-    for name, value in staged.items():
+    ops = ops_for(dialect)
+    for name, (f, value) in staged.items():
         # Formulas read the stage's column (the finished, rounded value, as
-        # Salesforce's formulas read a stored roll-up).
-        joins.values[("#" + name.lower(),)] = Value(value.kind, base.c[name])
+        # Salesforce's formulas read a stored roll-up); a Percent roll-up is
+        # shown as a percentage and read as a fraction, as a Percent field is.
+        column: Any = base.c[name]
+        if value.kind == Kind.NUMBER and summary_is_percent(f, context or FormulaContext()):
+            column = ops.number(column) * num_lit("0.01")
+        joins.values[("#" + name.lower(),)] = Value(value.kind, column)
     for f in wanted:
         if f.summary is not None:
             if f.api_name in staged:
