@@ -1,0 +1,68 @@
+"""Smoke tests of the benches (``bench/``): each runs at a tiny size, on SQLite only,
+and must complete and write its JSON results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from temporalio.testing import WorkflowEnvironment
+
+from tests.builders import CORPUS_PROJECTS, corpus_project
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _bench(name: str) -> ModuleType:
+    """A bench script as a module (``bench/`` is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_corpus_views_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    for project in CORPUS_PROJECTS:
+        corpus_project(project)  # skips when ../shared/corpus is absent
+    bench = _bench("bench_corpus_views")
+    assert bench.CORPUS_PROJECTS == CORPUS_PROJECTS
+    out = tmp_path / "results" / "corpus_views.json"
+    args = bench.parse_args(["--rows", "200", "--out", str(out)])
+    result = await bench.run(temporal_env, args)
+
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(result))
+    assert {"bench", "command", "date", "rows", "projects", "machine", "backends"} <= set(written)
+    assert written["rows"] == 200
+    assert {"cores", "memory_gib"} <= set(written["machine"])
+    assert list(written["backends"]) == ["sqlite"]
+    sqlite = written["backends"]["sqlite"]
+    assert {
+        "db_version",
+        "apply_all_s",
+        "views",
+        "widest",
+        "rows",
+        "load_s",
+        "timings",
+        "projects",
+        "left_out",
+        "missing",
+    } <= set(sqlite)
+    assert sqlite["db_version"].startswith("SQLite ")
+    widest = sqlite["widest"]
+    assert {"object", "view", "columns", "formulas", "rollups", "joins"} <= set(widest)
+    assert widest["pack"] in CORPUS_PROJECTS
+    assert widest["columns"] == sqlite["widest_corpus_views"][0]["columns"]
+    assert sqlite["rows"]["object"] == 200
+    timings = sqlite["timings"]
+    for key in ("select_all_ms", "select_by_id_ms", "count_ms"):
+        assert timings[key] > 0, key
+    assert len(timings["select_all_runs_ms"]) == 3
+    assert set(sqlite["projects"]) == set(CORPUS_PROJECTS)
+    for counts in sqlite["projects"].values():
+        assert counts["computed"] == counts["compiled"] + counts["left_out"] + counts["missing"]
+    assert sum(c["compiled"] for c in sqlite["projects"].values()) > 0
