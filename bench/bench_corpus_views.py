@@ -140,7 +140,7 @@ def view_columns(engine: Engine) -> dict[str, list[str]]:
 
 
 def by_project(
-    engine: Engine, cat: catalog.Catalog, views: dict[str, list[str]]
+    engine: Engine, cat: catalog.Catalog, views: dict[str, list[str]], projects: list[str]
 ) -> tuple[dict[str, dict[str, int]], list[dict[str, str]], list[str]]:
     """Per corpus project: formula and roll-up fields compiled into a view or left out.
 
@@ -154,9 +154,7 @@ def by_project(
     left = derived.left_out_formulas(engine)
     left_keys = {(i.object_api_name.lower(), i.field_api_name.lower()) for i in left}
     present = {n.lower() for n in inspect(engine).get_table_names()}
-    counts = {
-        p: {"computed": 0, "compiled": 0, "left_out": 0, "missing": 0} for p in CORPUS_PROJECTS
-    }
+    counts = {p: {"computed": 0, "compiled": 0, "left_out": 0, "missing": 0} for p in projects}
     missing: list[str] = []
     for key, obj in sorted(cat.objects.items()):
         if not obj.has_table or obj.table_name.lower() not in present:
@@ -265,6 +263,8 @@ def value_maker(
     if t in (FieldType.Lookup, FieldType.MasterDetail):
         ids = refs.get((f.reference_to or "").lower())
         return (lambda r, i: r.choice(ids)) if ids else (lambda r, i: None)
+    if (unique or f.external_id) and t in (FieldType.Number, FieldType.Currency, FieldType.Percent):
+        return lambda r, i: i
     if unique or f.external_id:
         return lambda r, i: f"{column[:6]}{i}"[:n]
     if t == FieldType.Picklist and f.picklist_values:
@@ -485,15 +485,15 @@ def machine() -> dict[str, Any]:
 async def one_backend(
     env: WorkflowEnvironment, url: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    sources = [str(Path(args.corpus) / p) for p in CORPUS_PROJECTS]
+    sources = [str(Path(args.corpus) / p) for p in args.projects]
     apply_s = await apply_all(env, url, sources)
     engine = make_engine(url)
     try:
         catalog.CACHE.invalidate()
         cat = catalog.CACHE.get(engine)
         views = view_columns(engine)
-        projects, issues, missing = by_project(engine, cat, views)
-        ranking = widest(cat, views, set(CORPUS_PROJECTS))
+        projects, issues, missing = by_project(engine, cat, views, args.projects)
+        ranking = widest(cat, views, set(args.projects))
         overall = widest(cat, views, set())
         target = args.object or ranking[0][0]
         shape = view_shape(engine, cat, target)
@@ -571,9 +571,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parents", type=int, default=2_000, help="rows per parent object")
     parser.add_argument("--object", default=None, help="measure this object's view instead")
     parser.add_argument("--corpus", default=str(CORPUS))
+    parser.add_argument(
+        "--projects",
+        default=",".join(CORPUS_PROJECTS),
+        help="comma-separated corpus projects to install (default: all seven)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "corpus_views.json"))
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.projects = [p.strip() for p in args.projects.split(",") if p.strip()]
+    unknown = sorted(set(args.projects) - set(CORPUS_PROJECTS))
+    if unknown:
+        parser.error(f"--projects: not corpus projects: {', '.join(unknown)}")
     return args
 
 
@@ -585,7 +594,7 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "rows": args.rows,
         "parents_per_object": args.parents,
-        "projects": CORPUS_PROJECTS,
+        "projects": args.projects,
         "machine": machine(),
         "backends": {},
     }

@@ -10,6 +10,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+# pytest-xdist's workers export COLUMNS=80 / LINES=24; rich fixes a console's
+# width from COLUMNS when the console is made (nexusctl's are made at import),
+# so drop them before nexusctl is imported: each CLI call then sizes its
+# output from the COLUMNS the test passes (``tests.builders.cli_env``).
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
