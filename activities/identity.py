@@ -28,7 +28,14 @@ from temporalio.service import RPCError
 
 from activities.common import quiet_lock_conflicts, shielded
 from nexuscrm.connectors import queue as wq
-from nexuscrm.connectors.identity import Dependency, from_spec, probe, to_spec, wait_workflow_id
+from nexuscrm.connectors.identity import (
+    Dependency,
+    from_spec,
+    probe,
+    resolved_keys,
+    to_spec,
+    wait_workflow_id,
+)
 from nexuscrm.contracts import (
     DependencySpec,
     ExpireRequest,
@@ -472,6 +479,18 @@ class IdentityActivities:
                 until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
                 marks = {w: key for key in live for w in groups.pop(key)[1]}
                 await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
+            # A row whose dependency resolved while nobody waited (its batch died
+            # between its block and its notify, after the parent's wake had read
+            # the blocked rows) is woken here (a database read per dependency, one write),
+            # not handed to a wait whose probes may be starved (issue 16).
+            resolved = await asyncio.to_thread(
+                resolved_keys, self.engine, [dep for dep, _ in groups.values()]
+            )
+            if resolved:
+                await self._wake_keys(sorted(resolved))
+                for key in resolved:
+                    groups.pop(key, None)
+                log.info("identity recovery woke resolved rows", dependency_keys=len(resolved))
             for dep, work_ids in groups.values():
                 await start_wait(
                     client,

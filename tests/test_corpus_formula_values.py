@@ -360,20 +360,11 @@ def test_phase_completion_floor_over_rollups(views: Rows) -> None:
     assert v["f3"] is None  # no tasks: 0 / 0 is #Error!, blank
 
 
-def test_phase_completion_is_decimal_arithmetic(
-    views: Rows, request: pytest.FixtureRequest
-) -> None:
+def test_phase_completion_is_decimal_arithmetic(views: Rows) -> None:
     """Phase_Completion__c where the ratio is exactly 0.29: Salesforce's formulas
-    compute in decimal, so FLOOR(0.29 * 100) is 29 (binary floating point would
-    give 28.999999999999996 and so 28)."""
-    if request.node.callspec.params["views"] == "sqlite":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="SQLite computes formulas in binary floating point (REAL): "
-                "0.29 * 100 is 28.999999999999996, so FLOOR gives 28, not 29",
-            )
-        )
+    compute in decimal, so FLOOR(0.29 * 100) is 29 (binary floating point, as
+    SQLite computes, gives 28.999999999999996; the SQLite view rounds FLOOR's
+    argument to the 15 digits a double holds first)."""
     v = field(views, "PMT_Phase__c", "Phase_Completion__c")
     # f5: t9 lasts 1 day at 29% -> weighted 0.29; t10 (no start) has a blank
     # duration, skipped by SUM, and weighted blank-as-zero * 0.40 = 0.

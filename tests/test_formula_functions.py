@@ -272,6 +272,14 @@ CASES: list[tuple[str, FieldType, Any]] = [
     # MCEILING / MFLOOR: the mathematical ceiling and floor.
     ("MCEILING(N__c)", N, -2),
     ("MFLOOR(N__c)", N, -3),
+    # Decimal arithmetic (Salesforce's): 0.29 * 100 is 29 and 0.07 * 100 is 7,
+    # though a double holds 28.999999999999996 and 7.000000000000001.
+    ("FLOOR(0.29 * 100)", N, 29),
+    ("MFLOOR(0.29 * 100)", N, 29),
+    ("TRUNC(0.29 * 100)", N, 29),
+    ("CEILING(0.07 * 100)", N, 7),
+    ("MCEILING(0.07 * 100)", N, 7),
+    ("FLOOR(28.9999)", N, 28),
     ("EXP(1)", N, 2.718281828459045),
     ("LN(EXP(2))", N, 2),
     ("LOG(1000)", N, 3),

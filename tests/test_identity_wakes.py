@@ -24,7 +24,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from temporalio import workflow
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import RetryPolicy
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.identity import PROBE_TIMED_OUT, IdentityActivities, start_wait
@@ -274,3 +276,63 @@ async def test_recovery_never_restarts_a_running_wait(temporal_env, settings, ke
         assert again == 1
         for h in handles:
             await h.terminate("test over")
+
+
+async def test_recovery_wakes_rows_whose_dependency_resolved_without_a_wait(temporal_env, settings):
+    """Rows blocked with no wait (their batch died between the block and its notify)
+    whose parent linked meanwhile: recovery wakes them itself, with one read of
+    the link, and starts waits only for the rest. The waits' probes are starved
+    here (they never resolve), so a resolved row handed to a wait would stay
+    blocked."""
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    client = temporal_env.client
+    queue = settings.identity_task_queue
+    ns = f"rec-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(6)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    linked = deps[:4]
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(
+            t.connector_remote_link.insert(),
+            [
+                {
+                    "ConnectorOwnerKey": d.owner_key,
+                    "Namespace": d.namespace,
+                    "DestinationObject": d.object_api_name,
+                    "RemoteId": d.remote_id,
+                    "RecordId": f"rec-{d.remote_id}",
+                    "CreatedDate": now,
+                    "LastModifiedDate": now,
+                }
+                for d in linked
+            ],
+        )
+    sleepy = IdentityWaitConfig(probe_interval_seconds=600, max_probe_interval_seconds=600)
+    acts = IdentityActivities(engine, settings, sleepy, resolver=lambda _e, _d: False)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[IdentityWaitWorkflow, RecoverOnce],
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    w = t.connector_work_item
+    async with worker:
+        started = await client.execute_workflow(
+            RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+        )
+        assert started == 2  # the two unlinked dependencies get waits
+        with engine.connect() as conn:
+            states = dict(conn.execute(select(w.c.WorkId, w.c.State)).all())
+        assert {states[owned[d.key_hash][0]] for d in linked} == {"pending"}
+        assert {states[owned[d.key_hash][0]] for d in deps[4:]} == {"blocked"}
+        for d in deps:  # a wait exactly for each unlinked dependency (the server's word)
+            handle = client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash))
+            if d in linked:
+                with pytest.raises(RPCError):
+                    await handle.describe()
+            else:
+                assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+                await handle.terminate("test over")

@@ -20,7 +20,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm.contracts import ApplyAllInput
-from nexuscrm.controlplane import markers
+from nexuscrm.controlplane import derived, markers
 from nexuscrm.db.dialect import quote, view_names
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
@@ -102,3 +102,49 @@ async def test_progress_shows_attempt_and_last_error_of_a_retrying_phase(
             holder.close()
         done = await handle.result()
     assert done.status == "completed", done
+
+
+def _deep(levels: int) -> str:
+    """A formula nested ``levels`` IFs deep (a real project's long CASE ladders)."""
+    formula = "Amount__c"
+    for k in range(levels):
+        formula = f"IF(Amount__c > {k}, {formula} + {k}, {k})"
+    return formula
+
+
+async def test_field_the_database_cannot_hold_is_named_by_status(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    """A formula too deep for SQLite's parser compiles, but the database refuses
+    it: rebuild-derived leaves it out with the reason, the rest of the view is
+    built, and ``status`` (which only compiles) names it as well, from the
+    live view's columns, with nothing left out silently."""
+    if not settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite's parser depth is the backend limit here")
+    objects = [
+        {
+            "api_name": "Deep__c",
+            "label": "Deep",
+            "fields": [
+                {"api_name": "Amount__c", "type": "Number", "precision": 18, "scale": 2},
+                {"api_name": "Double__c", "type": "Number", "formula": "Amount__c * 2"},
+                {"api_name": "Ladder__c", "type": "Number", "formula": _deep(40)},
+            ],
+        }
+    ]
+    doc = {"name": "deep-app", "category": "AppPack", "depends_on": ["platform-core"]}
+    pack = tmp_path / "deep.yaml"
+    pack.write_text(yaml.safe_dump({**doc, "objects": objects}))
+    await install(temporal_env, settings, [str(pack)])
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            columns = conn.execute(text("SELECT * FROM v_Deep__c")).keys()
+        assert "Double__c" in columns and "Ladder__c" not in columns
+        left = derived.left_out_formulas(engine)
+        assert [(i.object_api_name, i.field_api_name) for i in left] == [("Deep__c", "Ladder__c")]
+        assert "the database refused it" in left[0].reason
+    finally:
+        engine.dispose()
+    status = await invoke_async(["status"], cli_env(settings, temporal_env))
+    assert "Deep__c.Ladder__c: not in the view" in status.output, status.output

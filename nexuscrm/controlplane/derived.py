@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, MetaData, Table, func, select, text
+from sqlalchemy import Connection, Engine, MetaData, Table, func, inspect, select, text
 
 from nexuscrm import catalog
 from nexuscrm.controlplane import lease, markers, viewdefs
@@ -220,25 +220,46 @@ def left_out_formulas(engine: Engine) -> list[FormulaIssue]:
     """Formula and roll-up fields no view can hold, by object, field and reason.
 
     Read-only: compiles every table object's view as rebuild-derived does
-    (same object context), without touching the database. What ``status``
-    shows; the database's own refusals are only known to a rebuild.
+    (same object context), without touching the database. A field that
+    compiles but is not a column of the live view was left out by the last
+    rebuild because the database refused it (SQLite's parser depth, for
+    example): it is listed too, with that reason, so ``status`` names every
+    field the views do not hold.
     """
     cat = catalog.CACHE.get(engine)
     dialect = dialect_name(engine)
     present = physical_tables(engine)
+    views = physical_views(engine)
     out: list[FormulaIssue] = []
     with engine.connect() as conn:
         context = catalog.formula_context(conn, cat)
+        insp = inspect(conn)
         for key in sorted(cat.objects):
             obj = cat.objects[key]
             if not obj.has_table or obj.table_name not in present:
                 continue
             spec = obj.spec()
-            if not any(f.is_formula or f.summary is not None for f in spec.fields):
+            computed = [f for f in spec.fields if f.is_formula or f.summary is not None]
+            if not computed:
                 continue
             table = Table(obj.table_name, MetaData(), autoload_with=conn)
             _select, problems = build_view_select(spec, table, dialect, context)
             out += [FormulaIssue(p.object_api_name, p.field_api_name, p.reason) for p in problems]
+            name = view_name(spec.api_name)
+            if name not in views:
+                continue  # no view at all: verify and rebuild-derived report it
+            held = {c["name"].lower() for c in insp.get_columns(name)}
+            compiler_left = {p.field_api_name.lower() for p in problems}
+            out += [
+                FormulaIssue(
+                    spec.api_name,
+                    f.api_name,
+                    "not in the view: the database refused it at the last rebuild-derived "
+                    "(its detail gives the database's reason)",
+                )
+                for f in computed
+                if f.api_name.lower() not in held | compiler_left
+            ]
     return out
 
 

@@ -74,6 +74,14 @@ def _nx_number_text(x: float | int | None) -> str | None:
     return None if x is None else number_text(x)
 
 
+def _nx_decimal(x: float | int | None) -> float | int | None:
+    # FLOOR / CEILING / TRUNC's argument as a decimal: 15 significant digits
+    # (a double's exact decimal precision), so 28.999999999999996 is 29.
+    if x is None or isinstance(x, int) or not math.isfinite(x):
+        return x
+    return float(f"{x:.15g}")
+
+
 _NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 
 
@@ -98,6 +106,7 @@ SQLITE_FUNCTIONS.update(
         "nx_text_number": (1, _nx_text_number),
         "nx_text_number_invalid": (1, _nx_text_number_invalid),
         "nx_number_text": (1, _nx_number_text),
+        "nx_decimal": (1, _nx_decimal),
         "nx_upper": (1, _nx_upper),
         "nx_lower": (1, _nx_lower),
         "nx_reverse": (1, _nx_reverse),

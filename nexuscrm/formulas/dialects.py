@@ -182,6 +182,12 @@ class DialectOps:
         """Mark an expression numeric so SQLAlchemy picks arithmetic operators."""
         return sa.type_coerce(x, sa.Numeric())
 
+    def decimal(self, x: Expr) -> Expr:
+        """``x`` as the decimal number Salesforce computes, before a function that
+        cuts at a digit (FLOOR, CEILING, TRUNC): the MySQL family computes in
+        DECIMAL already, so ``x`` itself."""
+        return x
+
     def divide(self, a: Expr, b: Expr) -> Expr:
         """a / b, NULL when b is 0 (the caller also reports it as an error)."""
         raise NotImplementedError
@@ -277,6 +283,13 @@ class SqliteOps(DialectOps):
 
     def number(self, x: Expr) -> Expr:
         return sa.type_coerce(x, sa.Float())
+
+    def decimal(self, x: Expr) -> Expr:
+        # SQLite computes in binary floating point: 0.29 * 100 is
+        # 28.999999999999996 and FLOOR would give 28 where Salesforce's decimal
+        # arithmetic gives 29. nx_decimal keeps 15 significant digits (all a
+        # double holds exactly), which drops such artifacts and nothing else.
+        return self.number(sa.func.nx_decimal(x))
 
     def divide(self, a: Expr, b: Expr) -> Expr:
         # CAST to REAL: SQLite divides two integers with truncation (7/2 = 3).

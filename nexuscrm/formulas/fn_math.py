@@ -35,21 +35,25 @@ def _sign(x: Expr) -> Expr:
 
 def _fn_ceiling(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     x, n = _num1(c, args)
+    n = c.ops.decimal(n)
     return Value(Kind.NUMBER, c.ops.number(_sign(n) * sa.func.ceiling(sa.func.abs(n))), x.err)
 
 
 def _fn_floor(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     x, n = _num1(c, args)
+    n = c.ops.decimal(n)
     return Value(Kind.NUMBER, c.ops.number(_sign(n) * sa.func.floor(sa.func.abs(n))), x.err)
 
 
 def _fn_mceiling(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     x, n = _num1(c, args)
+    n = c.ops.decimal(n)
     return Value(Kind.NUMBER, c.ops.number(sa.func.ceiling(n)), x.err)
 
 
 def _fn_mfloor(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     x, n = _num1(c, args)
+    n = c.ops.decimal(n)
     return Value(Kind.NUMBER, c.ops.number(sa.func.floor(n)), x.err)
 
 
@@ -128,7 +132,7 @@ def _fn_trunc(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
         c.need(args[1], 2, Kind.NUMBER)
         digits = sa.cast(c.ops.number(args[1].sql), sa.Integer())
         errs.append(args[1])
-    n = c.ops.number(x.sql)
+    n = c.ops.decimal(c.ops.number(x.sql))
     if c.ops.name == "sqlite":
         scale = sa.func.power(int_lit(10), digits)
         # round(.., 9) first: a double's 1.15 * 100 is 114.999...

@@ -50,6 +50,7 @@ class OwnMariaDB:
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = root / "server.log"
+        self.tmp = root / "tmp"
 
     def install(self) -> None:
         assert INSTALL_DB is not None
@@ -69,6 +70,7 @@ class OwnMariaDB:
 
     def start(self) -> None:
         """Start the server and wait until it answers (60 s at most)."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -79,6 +81,10 @@ class OwnMariaDB:
                     "--bind-address=127.0.0.1",
                     f"--socket={self.root / 'mysqld.sock'}",
                     f"--pid-file={self.root / 'mysqld.pid'}",
+                    # Its own temporary files: at start after a crash a server
+                    # deletes the #sql* files of its tmpdir, which in /tmp would
+                    # be the shared server's (tests run in parallel).
+                    f"--tmpdir={self.tmp}",
                     "--user=root",
                     "--innodb-buffer-pool-size=64M",
                     "--skip-log-bin",
