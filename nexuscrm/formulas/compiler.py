@@ -155,6 +155,12 @@ class FormulaCompiler:
         if f.formula is None and f.summary is None:
             raise Reject(f"field {f.api_name} is not a formula field")
         key = f.api_name.lower()
+        if f.formula is not None:
+            # Computed in an inner stage of the view (nexuscrm.formulas.view):
+            # read as that stage's column, not inlined again at each use.
+            staged = self.joins.values.get((*self.path, "#" + key))
+            if staged is not None:
+                return staged
         me = (self.obj.api_name, f.api_name)
         keys = [(o.lower(), n.lower()) for o, n in self.active]
         if (me[0].lower(), key) in keys:
