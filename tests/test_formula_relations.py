@@ -12,7 +12,7 @@ both proves rebuild-derived and verify use the same views.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -544,3 +544,65 @@ async def test_apply_all_builds_rollups_and_paths_and_verify_agrees(
     # A converged re-run: verify compares the same view definitions, nothing changes.
     again = await apply_all(temporal_env, settings)
     assert again.status == "completed", again.reason
+
+
+def test_shared_formulas_are_staged_not_inlined_at_every_use(engine: Engine) -> None:
+    """A formula referenced by others is computed once, in a stage of its level,
+    and read as a column above: a ladder of 14 formulas, each using the one
+    below twice (and an error, a checkbox, a date and a text along the way),
+    keeps the view's SQL linear in the formulas (inlined, it doubles per rung:
+    2^14 copies) and gives Salesforce's values on every backend."""
+    # SQLite inlines (its reads are faster so, see nexuscrm.formulas.view): a
+    # short ladder there checks the values only.
+    sqlite = engine.dialect.name == "sqlite"
+    rungs = 2 if sqlite else 14
+    fields = [
+        fld("Amount__c", "Number", precision=18, scale=2),
+        fld("Start__c", "Date"),
+        fld(
+            "R0__c",
+            "Number",
+            scale=2,
+            formula="Amount__c / 2",
+            formula_treat_blanks_as="BlankAsZero",
+        ),
+    ]
+    for k in range(1, rungs + 1):
+        prev = f"R{k - 1}__c"
+        fields.append(fld(f"R{k}__c", "Number", scale=2, formula=f"({prev} + {prev}) / 2 + 1"))
+    top = f"R{rungs}__c"
+    fields += [
+        fld("Big__c", "Checkbox", formula=f"{top} > 100"),
+        fld("Flag__c", "Text", formula=f'IF(Big__c, "big", "small") & "/" & TEXT(FLOOR({top}))'),
+        fld("Due__c", "Date", formula=f"Start__c + {top}"),
+        fld("Ratio__c", "Number", scale=2, formula=f"{top} / (Amount__c - 10)"),
+        fld("Ratio2__c", "Number", scale=2, formula="Ratio__c * 2"),
+    ]
+    ladder = obj("Ladder__c", *fields)
+    build(engine, [ladder])
+    with engine.connect() as conn:
+        table = sa.Table("Ladder__c", sa.MetaData(), autoload_with=conn)
+    select, _ = build_view_select(ladder, table, engine.dialect.name, None)
+    sql = str(select.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    if not sqlite:
+        assert len(sql) < 40_000, len(sql)  # inlined: millions of characters
+    insert(
+        engine,
+        "Ladder__c",
+        {"Id": "a", "Name": "A", "Amount__c": 10, "Start__c": date(2024, 2, 20)},
+        {"Id": "b", "Name": "B", "Amount__c": 300, "Start__c": None},
+        {"Id": "c", "Name": "C", "Amount__c": None, "Start__c": date(2024, 1, 1)},
+    )
+    rows = view_rows(engine, "Ladder__c")
+    # Each rung adds 1 to the one below: R<n> = Amount / 2 + n (blank Amount as 0).
+    a, b, c = 5 + rungs, 150 + rungs, rungs
+    assert [num(rows[i][top]) for i in "abc"] == [Decimal(f"{v}.00") for v in (a, b, c)]
+    assert [bool(rows[i]["Big__c"]) for i in "abc"] == [False, True, False]
+    assert [rows[i]["Flag__c"] for i in "abc"] == [f"small/{a}", f"big/{b}", f"small/{c}"]
+    # 2024-02-20 + a days, across the leap day.
+    assert day(rows["a"]["Due__c"]) == date(2024, 2, 20) + timedelta(days=a)
+    assert rows["b"]["Due__c"] is None
+    # Amount 10: division by zero is #Error!, blank, and so is the formula reading it.
+    assert rows["a"]["Ratio__c"] is None and rows["a"]["Ratio2__c"] is None
+    # b / 290 rounded to 2 places (Ratio__c's scale), then * 2 unrounded, rounded.
+    assert num(rows["b"]["Ratio2__c"]) == (Decimal(b) / 290 * 2).quantize(Decimal("0.01"))
