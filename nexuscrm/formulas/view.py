@@ -15,7 +15,7 @@ from nexuscrm.packs.model import FieldSpec, ObjectSpec
 from .compiler import CompileFailure, FormulaCompiler, compile_field
 from .dialects import int_lit, num_lit, ops_for
 from .relations import FormulaContext, JoinSet, summary_is_percent
-from .syntax import BinOp, Call, FormulaSyntaxError, Node, Ref, UnOp, parse
+from .syntax import FormulaSyntaxError, Node, parse, references
 from .values import Kind, Reject, Value
 
 
@@ -143,16 +143,11 @@ _STAGE_KINDS = {Kind.NUMBER, Kind.TEXT, Kind.DATE, Kind.DATETIME, Kind.TIME, Kin
 
 def _refs(node: Node) -> set[str]:
     """Same-object field names (lower case) formula tree ``node`` references."""
-    if isinstance(node, Ref):
-        name = node.parts[0]
-        return {name.lower()} if len(node.parts) == 1 and not name.startswith("$") else set()
-    if isinstance(node, Call):
-        return set().union(*(_refs(a) for a in node.args)) if node.args else set()
-    if isinstance(node, BinOp):
-        return _refs(node.left) | _refs(node.right)
-    if isinstance(node, UnOp):
-        return _refs(node.operand)
-    return set()
+    return {
+        r.parts[0].lower()
+        for r in references(node)
+        if len(r.parts) == 1 and not r.parts[0].startswith("$")
+    }
 
 
 def shared_formula_levels(
