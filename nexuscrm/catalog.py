@@ -39,6 +39,7 @@ from nexuscrm.clock import utcnow
 from nexuscrm.db import rowsize
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import column_type, upsert
+from nexuscrm.db.session import session_user_available
 from nexuscrm.formulas.relations import FormulaContext, ObjectRef
 from nexuscrm.packs.model import (
     STANDARD_COLUMNS,
@@ -346,7 +347,7 @@ def formula_context(conn: Connection, cat: Catalog) -> FormulaContext:
                 cache[key] = ObjectRef(entry.spec(), table)
         return cache[key]
 
-    return FormulaContext(objects, installed_labels(conn))
+    return FormulaContext(objects, installed_labels(conn), session_user_available(conn))
 
 
 def installed_labels(conn: Connection) -> dict[str, str]:

@@ -39,6 +39,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
 from nexuscrm.db.engine import make_engine
+from nexuscrm.db.session import acting_user
 from nexuscrm.formulas import view_name
 from nexuscrm.settings import Settings
 from tests.builders import apply_all, corpus_project
@@ -84,6 +85,7 @@ TASKS: list[Record] = [
      "Sign_off_status__c": "Approved", "Start_Date__c": date(2024, 2, 28),
      "Due_Date__c": date(2024, 3, 1), "Percentage_Completion__c": 50},
     {"Id": "t2", "Name": "Specs", "Phase__c": "f1", "Status__c": "In Progress",
+     "Assigned_To1__c": "u2",
      "Start_Date__c": date(2024, 3, 5), "Due_Date__c": date(2024, 3, 24),
      "Percentage_Completion__c": 25},
     {"Id": "t3", "Name": "Review", "Phase__c": "f1", "Status__c": "Closed, not Completed",
@@ -95,6 +97,7 @@ TASKS: list[Record] = [
      "Percentage_Completion__c": 100},
     # F2
     {"Id": "t5", "Name": "Build it", "Phase__c": "f2", "Status__c": "Completed",
+     "Assigned_To1__c": "u1",
      "Start_Date__c": date(2024, 4, 1), "Due_Date__c": date(2024, 4, 7),
      "Percentage_Completion__c": 100},
     {"Id": "t6", "Name": "Wait", "Phase__c": "f2", "Status__c": "On Hold",
@@ -212,6 +215,11 @@ async def views(
                     ids = {r["Id"] for r in records}
                     found = conn.execute(sa.text(f"SELECT * FROM {view_name(table)}")).mappings()
                     rows[table] = {r["Id"]: dict(r) for r in found if r["Id"] in ids}
+                # Read again as user u1 ($User.Id: the session's acting user).
+                with acting_user(conn, "u1"):
+                    for table in ("PMT_Task__c", "PMT_Resource_Allocation__c"):
+                        mine = conn.execute(sa.text(f"SELECT * FROM {view_name(table)}"))
+                        rows[f"as u1: {table}"] = {r["Id"]: dict(r) for r in mine.mappings()}
         finally:
             engine.dispose()
         print(f"\n[corpus values] {request.param}: applyall {installed:.1f}s")
@@ -500,3 +508,24 @@ def test_address_formula_with_line_breaks(views: Rows) -> None:
     assert v["ad1"] == "1 Main St<br>Apt 4<br>Springfield, IL 62701"
     # No street 2 and no city: skipped; the blank state is "" before " ".
     assert v["ad2"] == "221B Baker St<br> NW1 6XE<br>UK"
+
+
+# --- the acting user ($User) ------------------------------------------------------
+
+
+def test_my_task_and_allocated_to_me_follow_the_acting_user(views: Rows) -> None:
+    """PMT_Task__c.My_Task__c: ``IF(Assigned_To1__c = $User.Id, "me", "")`` and
+    PMT_Resource_Allocation__c.Is_Allocated_to_Me__c:
+    ``Resource_Availability__r.User__r.Id = $User.Id``, read by a session whose
+    acting user is u1, and by one with no acting user (none is stored)."""
+    mine = field(views, "as u1: PMT_Task__c", "My_Task__c")
+    assert mine["t5"] == "me"  # assigned to u1
+    assert mine["t2"] is None  # assigned to u2: "" is blank
+    assert mine["t1"] is None  # assigned to nobody
+    # No acting user: $User.Id is blank, and blank text equals blank text in a
+    # formula, so only the unassigned task is "mine".
+    nobody = field(views, "PMT_Task__c", "My_Task__c")
+    assert (nobody["t5"], nobody["t2"], nobody["t1"]) == (None, None, "me")
+    allocated = field(views, "as u1: PMT_Resource_Allocation__c", "Is_Allocated_to_Me__c")
+    assert int(allocated["ra1"]) == 1  # av1 is u1's availability
+    assert int(allocated["ra4"]) == 0  # av2 is u2's

@@ -244,7 +244,10 @@ N, CUR, PCT, TXT, CHK = (
     FieldType.Checkbox,
 )
 DAY_MINUS_10 = (TODAY - dt.timedelta(days=10)).isoformat()
-IMG_150 = '<img src="http://img/a.png" alt="picture" height="150" width="150" border="0"/>'
+# Salesforce's IMAGE HTML: the size as a style, border="0", self-closed.
+IMG_150 = (
+    '<img src="http://img/a.png" alt="picture" style="height:150px; width:150px;" border="0"/>'
+)
 
 # (api_name, type, formula, extra FieldSpec kwargs, expected row 1, expected row 2)
 CASES: list[tuple[str, FieldType, str, dict[str, Any], Any, Any]] = [
@@ -325,6 +328,14 @@ CASES: list[tuple[str, FieldType, str, dict[str, Any], Any, Any]] = [
         {},
         '<img src="http://img/a.png" alt="Picture" border="0"/>',
         None,
+    ),
+    (
+        "Image_Height__c",
+        TXT,
+        'IMAGE("/img/samples/flag_green.gif", "", 20)',
+        {},
+        '<img src="/img/samples/flag_green.gif" alt="" style="height:20px;" border="0"/>',
+        '<img src="/img/samples/flag_green.gif" alt="" style="height:20px;" border="0"/>',
     ),
     (
         "Hyperlink__c",
@@ -474,7 +485,7 @@ ERROR_CASES = [
     ("'abc'", "formula returns text but field F__c is Number"),
     ("1 +", "syntax error"),
     ("1 @ 2", "syntax error at line 1, column 3"),
-    ("$User.Id", "global variable '$User.Id' is not supported"),
+    ("$UserRole.Name", "global variable '$UserRole.Name' is not supported"),
     ("$Api", "global variable '$Api' is not supported"),
 ]
 
@@ -683,7 +694,8 @@ def test_dreamhouse_property_formulas(dialect: str) -> None:
     )
     assert got["2"]["Picture_IMG__c"] is None
     assert got["1"]["Broker_IMG__c"] == (
-        '<img src="https://s3/house.jpg" alt="picture" height="150" width="150" border="0"/>'
+        '<img src="https://s3/house.jpg" alt="picture" style="height:150px; width:150px;" '
+        'border="0"/>'
     )
 
 

@@ -14,6 +14,7 @@ from nexuscrm import catalog
 from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import after_ddl, quote, render_type, table_names
+from nexuscrm.db.session import ensure_session_user_function
 from nexuscrm.log import log
 from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec
 
@@ -40,6 +41,7 @@ def ensure_system_schema(engine: Engine) -> int:
     created = len({tb.name for tb in t.SYSTEM_TABLES} - before)
     with engine.begin() as conn:
         created += add_missing_system_columns(conn)
+    ensure_session_user_function(engine)
     # TiDB caches the schema per session: reconnect after DDL, as the seed does.
     after_ddl(engine)
     return created

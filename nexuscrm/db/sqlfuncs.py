@@ -117,6 +117,20 @@ SQLITE_FUNCTIONS.update(
 
 
 def install_sqlite_functions(dbapi_conn: Any) -> None:
-    """Register :data:`SQLITE_FUNCTIONS` on a ``sqlite3`` connection (deterministic)."""
+    """Register :data:`SQLITE_FUNCTIONS` on a ``sqlite3`` connection (deterministic),
+    and the connection's acting user: ``nx_session_user()`` returns what
+    ``nx_set_session_user(x)`` last set on this connection (NULL at first),
+    as ``@nexus_user_id`` does on MariaDB (see :mod:`nexuscrm.db.session`)."""
     for name, (nargs, impl) in SQLITE_FUNCTIONS.items():
         dbapi_conn.create_function(name, nargs, impl, deterministic=True)
+    state: dict[str, str | None] = {"user": None}
+
+    def session_user() -> str | None:
+        return state["user"]
+
+    def set_session_user(x: Any) -> str | None:
+        state["user"] = None if x is None else str(x)
+        return state["user"]
+
+    dbapi_conn.create_function("nx_session_user", 0, session_user)
+    dbapi_conn.create_function("nx_set_session_user", 1, set_session_user)

@@ -346,4 +346,16 @@ derived_view = Table(
     Column("LastModifiedDate", DateTime, nullable=True),
 )
 
+# Values formulas read at query time (``$User.Id``'s default acting user,
+# ``$Organization.<Field>``): one row per name, set with ``nexusctl formulas
+# set-global``; a view reads them with a scalar subquery, so a change needs no
+# view rebuild.
+formula_global = Table(
+    "_System_FormulaGlobal",
+    system_metadata,
+    Column("Name", String(KEY), primary_key=True),
+    Column("Value", Text, nullable=True),
+    Column("LastModifiedDate", DateTime, nullable=True),
+)
+
 SYSTEM_TABLES: tuple[Table, ...] = tuple(system_metadata.sorted_tables)

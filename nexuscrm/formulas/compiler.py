@@ -28,6 +28,7 @@ inlines referenced formulas into the caller's compiled formula.
 from __future__ import annotations
 
 import difflib
+import sqlite3
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -48,6 +49,7 @@ from .relations import (
     MAX_HOPS,
     FormulaContext,
     JoinSet,
+    ObjectRef,
     child_field_name,
     filter_predicate,
     find_relationship,
@@ -100,6 +102,30 @@ _BLANK_AS_BLANK = FieldSpec(
     formula="0",
     formula_treat_blanks_as="BlankAsBlank",
 )
+
+
+#: The reason a formula SQLite's parser cannot hold is refused with (the view
+#: then stages the formulas it references: nexuscrm.formulas.view).
+SQLITE_TOO_DEEP = "the database cannot evaluate it here: parser stack overflow (SQLite)"
+
+
+def sqlite_parser_overflows(expression_sql: str) -> bool:
+    """Whether SQLite's parser overflows its stack on a view selecting
+    ``expression_sql`` (``CREATE VIEW ... AS SELECT <expression_sql>``: the
+    CREATE VIEW takes stack of its own).
+
+    Parsed by this process's SQLite on an empty in-memory database: the parser
+    runs before names are resolved, so the answer depends only on the text
+    (and the SQLite library), and rebuild-derived and verify agree on it.
+    """
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("EXPLAIN CREATE VIEW nx_probe AS SELECT " + expression_sql)
+    except sqlite3.Error as exc:
+        return "parser stack overflow" in str(exc)
+    finally:
+        conn.close()
+    return False
 
 
 class FormulaCompiler:
@@ -201,9 +227,11 @@ class FormulaCompiler:
         # SQLAlchemy renders nested expressions recursively; a formula that
         # compiles but cannot be rendered would break the whole view's DDL.
         try:
-            out.compile(dialect=self.ops.sa_dialect(), compile_kwargs={"literal_binds": True})
+            sql = out.compile(dialect=self.ops.sa_dialect(), compile_kwargs={"literal_binds": True})
         except RecursionError:
             raise Reject("formula is nested too deeply to render as SQL") from None
+        if self.dialect == "sqlite" and sqlite_parser_overflows(str(sql)):
+            raise Reject(SQLITE_TOO_DEEP)
 
     def _check_result_kind(self, f: FieldSpec, value: Value) -> None:
         want = kind_of_field_type(f.type)
@@ -278,7 +306,7 @@ class FormulaCompiler:
         """A same-object field reference (case-insensitive)."""
         name = node.parts[0]
         if name.startswith("$"):
-            value = global_value(self, node)
+            value = global_value(self, node, scope)
             if value.kind == Kind.NUMBER and scope.formula_treat_blanks_as == "BlankAsZero":
                 value = Value(Kind.NUMBER, self.ops.number(sa.func.coalesce(value.sql, 0)))
             return value
@@ -339,12 +367,19 @@ class FormulaCompiler:
         fk_col = self.table.c.get(fk)
         if fk_col is None:
             raise Reject(f"column {fk} is missing from table {self.obj.api_name}")
-        path = (*self.path, rel.lower())
-        alias = self.joins.join(path, fk_col, target)
+        return self.joined((*self.path, rel.lower()), fk_col, target, Ref(node.parts[1:]), scope)
+
+    def joined(
+        self, path: tuple[str, ...], key: Expr, target: ObjectRef, rest: Ref, scope: FieldSpec
+    ) -> Value:
+        """``rest`` read on the row of ``target`` whose Id is ``key`` (a lookup
+        column, or the acting user for ``$User``), LEFT OUTER JOINed once per
+        ``path`` for the whole view; blank when there is no such row."""
+        alias = self.joins.join(path, key, target)
         parent = FormulaCompiler(
             target.spec, alias, self.dialect, self.context, self.joins, path, self.active
         )
-        value = parent.reference(Ref(node.parts[1:]), scope)
+        value = parent.reference(rest, scope)
         # No parent row: every value through it is blank (a formula of the
         # parent is not evaluated over nothing), 0 under BlankAsZero, and a
         # checkbox false.

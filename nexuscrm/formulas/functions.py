@@ -203,19 +203,25 @@ def _fn_image(c: FormulaCompiler, args: list[Value], scope: FieldSpec) -> Value:
     url, alt = args[0], args[1]
     c.need(url, 1, Kind.TEXT)
     c.need(alt, 2, Kind.TEXT)
-    # Salesforce renders <img src="..." alt="..." height="h" width="w" border="0"/>;
-    # the values are HTML-escaped because they come from record data.
+    # Salesforce renders <img src="..." alt="..." border="0"/>, with
+    # style="height:Hpx; width:Wpx;" when a size is given; the values are
+    # HTML-escaped because they come from record data.
     pieces: list[Expr] = [
         str_lit('<img src="'),
         html_escape(c.text_piece(url)),
         str_lit('" alt="'),
         html_escape(c.text_piece(alt)),
+        str_lit('"'),
     ]
-    for position, (attr, dim) in enumerate(zip(("height", "width"), args[2:], strict=False), 3):
+    sizes = list(zip(("height", "width"), args[2:], strict=False))
+    for position, (attr, dim) in enumerate(sizes, 3):
         c.need(dim, position, Kind.NUMBER)
         size = Value(Kind.TEXT, c.ops.number_to_text(dim.sql))
-        pieces += [str_lit(f'" {attr}="'), c.text_piece(size)]
-    pieces.append(str_lit('" border="0"/>'))
+        lead = ' style="' if position == 3 else " "
+        pieces += [str_lit(f"{lead}{attr}:"), c.text_piece(size), str_lit("px;")]
+    if sizes:
+        pieces.append(str_lit('"'))
+    pieces.append(str_lit(' border="0"/>'))
     return Value(Kind.TEXT, c.ops.concat(pieces), errs_of(*args), nonnull=True)
 
 

@@ -63,11 +63,15 @@ class FormulaContext:
 
     ``objects(api_name)`` returns the object (case-insensitive name) or
     ``None`` when no installed pack defines it; ``labels`` the custom labels
-    (``$Label.Name`` -> value) of the installed packs.
+    (``$Label.Name`` -> value) of the installed packs; ``session_user``
+    whether the database has the ``nx_session_user()`` function.
     """
 
     objects: Callable[[str], ObjectRef | None] = _no_objects
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Whether views may call ``nx_session_user()`` (false on TiDB: no stored
+    #: functions; ``$User.Id`` is then the default acting user only).
+    session_user: bool = True
 
     @staticmethod
     def of(

@@ -12,7 +12,7 @@ from sqlalchemy.sql import Select
 
 from nexuscrm.packs.model import FieldSpec, ObjectSpec
 
-from .compiler import CompileFailure, FormulaCompiler, compile_field
+from .compiler import SQLITE_TOO_DEEP, CompileFailure, FormulaCompiler, compile_field
 from .dialects import int_lit, num_lit, ops_for
 from .relations import FormulaContext, JoinSet, summary_is_percent
 from .syntax import FormulaSyntaxError, Node, parse, references
@@ -25,6 +25,7 @@ def view_select(
     dialect: str,
     context: FormulaContext | None = None,
     only: set[str] | None = None,
+    stage_for: set[str] | None = None,
 ) -> tuple[Select[Any], list[tuple[str, str]]]:
     """SELECT every column of ``table`` plus each formula and roll-up that compiles.
 
@@ -38,7 +39,10 @@ def view_select(
     both are left out with a reason. ``only`` (lower-case API names): select
     just these computed fields (the others still inline where referenced).
     Returns the select and ``(field_api_name, reason)`` for each field left
-    out.
+    out. ``stage_for`` (lower-case names): the fields whose shared formulas are
+    staged (default: every wanted field on the MySQL family, none on SQLite;
+    on SQLite a field its parser cannot hold inlined is then built again with
+    its shared formulas staged).
     """
     problems: list[tuple[str, str]] = []
     taken = {c.name.lower() for c in table.c}
@@ -93,7 +97,9 @@ def view_select(
     # staged against 3.4 s inlined), so SQLite keeps inlining and leaves out,
     # with the reason, what its parser cannot hold.
     wanted_keys = {f.api_name.lower() for f in wanted}
-    levels = shared_formula_levels(obj, taken, wanted_keys) if dialect != "sqlite" else []
+    if stage_for is None:
+        stage_for = wanted_keys if dialect != "sqlite" else set()
+    levels = shared_formula_levels(obj, taken, stage_for) if stage_for else []
     for level, fields in enumerate(levels, 1):
         stage = JoinSet(base, counter=counter)
         _seed(stage, carried, base)
@@ -133,6 +139,11 @@ def view_select(
     select = sa.select(*columns)
     if joins.joins or base is not table:
         select = select.select_from(joins.from_clause())
+    too_deep = {name.lower() for name, reason in problems if reason == SQLITE_TOO_DEEP}
+    if too_deep and not stage_for:
+        # SQLite's parser cannot hold these inlined: stage what they reference
+        # (only theirs: staged stages are slower to read on SQLite, see above).
+        return view_select(obj, table, dialect, context, only, too_deep)
     return select, problems
 
 

@@ -193,6 +193,9 @@ def _object_meta(path: Path, api_name: str) -> dict[str, Any]:
             "to source format (sf project convert mdapi) so each field has its own file",
         )
     meta: dict[str, Any] = {}
+    settings_type = _text(root, "customSettingsType")
+    if settings_type:
+        meta["custom_settings_type"] = settings_type
     for tag, key in (
         ("label", "label"),
         ("pluralLabel", "plural_label"),
@@ -356,6 +359,12 @@ _MDT_FIELDS = (
 )  # fmt: skip
 
 
+_SETUP_OWNER = FieldSpec(
+    api_name="SetupOwnerId", label="Location", type=FieldType.Text, length=18,
+    description="The user, profile or organization (00D...) this setting applies to.",
+)  # fmt: skip
+
+
 def _records_of(
     parts: _ObjectParts, found: list[tuple[Path, RecordSpec]], out: _Collected
 ) -> tuple[RecordSpec, ...]:
@@ -384,6 +393,12 @@ def _object_spec(parts: _ObjectParts, out: _Collected) -> ObjectSpec | None:
         have = {f.api_name.lower() for f in fields}
         fields = [f for f in _MDT_FIELDS if f.api_name.lower() not in have] + fields
         records = _records_of(parts, out.records.pop(parts.api_name, []), out)
+    meta = dict(parts.meta)
+    # Salesforce's hierarchy custom settings hold one record per user, profile
+    # or the organization, named by SetupOwnerId ($Setup reads it).
+    hierarchy = meta.pop("custom_settings_type", None) == "Hierarchy"
+    if hierarchy and all(f.api_name.lower() != "setupownerid" for f in fields):
+        fields = [_SETUP_OWNER, *fields]
     customizations = tuple(
         c for _p, c in sorted(out.customizations.get(parts.api_name, {}).values(),
                               key=lambda x: x[1].api_name)
@@ -395,7 +410,7 @@ def _object_spec(parts: _ObjectParts, out: _Collected) -> ObjectSpec | None:
                 "api_name": parts.api_name,
                 "kind": kind,
                 "extends": extends,
-                **parts.meta,
+                **meta,
                 "fields": tuple(fields),
                 "customizations": customizations,
                 "records": records,

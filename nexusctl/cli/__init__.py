@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from nexusctl.cli import candidate, connectors, controlplane, dev, events, packs, wakes
+from nexusctl.cli import candidate, connectors, controlplane, dev, events, formulas, packs, wakes
 from nexusctl.cli.common import safe_url
 from nexusctl.cli.render import NexusGroup, expected_failure, phase_table
 
@@ -33,6 +33,7 @@ app.add_typer(connectors.connectors_app, name="connectors")
 app.add_typer(wakes.wake_app, name="wake")
 app.add_typer(events.events_app, name="events")
 app.add_typer(candidate.candidate_app, name="candidate")
+app.add_typer(formulas.formulas_app, name="formulas")
 
 
 def main() -> None:
