@@ -1,33 +1,67 @@
-"""Benchmark: connector inbound throughput (events/s) through the whole runtime.
+"""Benchmark: connector inbound throughput, the Temporal pipeline against a direct loop.
 
 Usage:
-    python bench/bench_connectors.py [--events 10000] [--mysql-url mysql+pymysql://...]
+    python bench/bench_connectors.py [--events 20000] [--workers 8]
+        [--direct-threads 1,8] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
+        [--out bench/results/connectors.json]
 
-Per backend: a fresh database, ApplyAll with the salesforce-sync connector
-pack, N Contact upsert events enqueued (batched), then the ConnectorFleet with
-the default knobs (8 workers per pack) processes them on an in-memory Temporal
-dev server with the worker in this process. Reports enqueue rate and
-end-to-end processing rate (fleet start -> queue drained).
+Per backend (SQLite always; MariaDB/MySQL with ``--mysql-url``), in one run:
+
+- **pipeline**: a fresh database, ApplyAll with the salesforce-sync connector
+  pack, ``--events`` Contact upsert events enqueued (batched, not timed), then
+  the ConnectorFleet (``--workers`` inbound workers, the pack's default queue
+  profile) on a local Temporal dev server, the worker in this process, until
+  every event is ``succeeded``.
+- **direct loop**, once per ``--direct-threads`` count: the same fresh setup,
+  then that many threads calling the same ``nexuscrm`` functions the
+  activities call (``queue.claim`` with the pool's batch profile and budget,
+  ``Processor.process``), without Temporal, until drained.
+
+For each run: events/s from the first claim to the last event succeeded, and
+CPU microseconds per event of this process (the worker or the loop), the
+Temporal dev server (pipeline only) and the database server (``mariadbd`` /
+``mysqld``; SQLite runs inside this process), read with psutil over the same
+window. CPU of the shared database server includes whatever else runs on it.
+The ratio pipeline / best direct loop is printed and written. No figure is a
+test: a smoke test runs this at a tiny size.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import platform
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 from temporalio.testing import WorkflowEnvironment
 
+from activities.connectors import claim_size
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
+from nexuscrm.connectors.knobs import (
+    ENV_WORKERS_PER_PACK,
+    max_processing_rows_for_workers,
+    queue_profile_mode,
+    work_item_worker_queue_profile,
+)
+from nexuscrm.connectors.processor import Processor
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.contracts import FleetInput
 from nexuscrm.db.engine import make_engine
@@ -38,8 +72,70 @@ from nexusctl.temporal import SEARCH_ATTRIBUTES, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker
 from tests.builders import install, record_upsert
 
+RESULTS = Path(__file__).resolve().parent / "results" / "connectors.json"
 
-async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]:
+
+@dataclass
+class Run:
+    """One measured run: ``mode`` is ``pipeline`` or ``direct-<n>``."""
+
+    backend: str
+    mode: str
+    events: int
+    seconds: float
+    events_per_s: float
+    cpu_us_per_event: dict[str, float] = field(default_factory=dict)
+
+
+class CpuWindow:
+    """CPU seconds (user + system) of named processes between start and stop."""
+
+    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+        self.procs = procs
+        self.start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        for name, p in self.procs.items():
+            t = p.cpu_times()
+            out[name] = t.user + t.system
+        return out
+
+    def per_event_us(self, events: int) -> dict[str, float]:
+        """CPU microseconds per event of each process since the window opened."""
+        end = self._read()
+        return {k: round((end[k] - self.start[k]) * 1e6 / max(events, 1), 1) for k in end}
+
+
+def database_server() -> psutil.Process | None:
+    """The local MariaDB/MySQL server process, if one runs."""
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("mariadbd", "mysqld"):
+            return p
+    return None
+
+
+def temporal_server() -> psutil.Process | None:
+    """The Temporal dev server this process started."""
+    for p in psutil.Process().children(recursive=True):
+        if p.name().startswith("temporal"):
+            return p
+    return None
+
+
+def processes(backend: str, pipeline: bool) -> dict[str, psutil.Process]:
+    procs = {"worker": psutil.Process()}
+    server = temporal_server() if pipeline else None
+    if server is not None:
+        procs["temporal"] = server
+    db = database_server() if backend == "mysql" else None
+    if db is not None:
+        procs["database"] = db
+    return procs
+
+
+async def prepare(env: WorkflowEnvironment, url: str, n: int) -> tuple[Settings, Engine, str]:
+    """Install the pack on a fresh database and enqueue ``n`` upserts (not timed)."""
     settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bench-{uuid.uuid4().hex[:8]}")
     catalog.CACHE.invalidate()
     await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
@@ -56,60 +152,198 @@ async def run(env: WorkflowEnvironment, url: str, n: int) -> tuple[float, float]
         )
         for k in range(n)
     ]
-    start = time.perf_counter()
-    queue.enqueue(engine, events)
-    enqueue_rate = n / (time.perf_counter() - start)
+    for start in range(0, n, 5000):
+        queue.enqueue(engine, events[start : start + 5000])
+    return settings, engine, pack.install_id
+
+
+def done(engine: Engine, install_id: str) -> dict[str, int]:
+    return queue.pack_queue_stats(engine, install_id)[0].by_state()
+
+
+async def pipeline(env: WorkflowEnvironment, backend: str, url: str, n: int, workers: int) -> Run:
+    """Events/s and CPU per event through the ConnectorFleet on Temporal."""
+    settings, engine, install_id = await prepare(env, url, n)
+    os.environ[ENV_WORKERS_PER_PACK] = str(workers)  # read when the worker's knobs are
     async with build_connector_worker(env.client, settings):
+        cpu = CpuWindow(processes(backend, pipeline=True))
         start = time.perf_counter()
         fleet = await start_fleet(
             env.client, settings, FleetInput(database_id=settings.database_id, idle_seconds=0.5)
         )
         while True:
-            stats = queue.pack_queue_stats(engine, pack.install_id)[0].by_state()
+            stats = done(engine, install_id)
             if stats.get("succeeded", 0) + stats.get("failed", 0) >= n:
                 break
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - start
+        per_event = cpu.per_event_us(n)
         await fleet.signal("stop")
         await fleet.result()
+    engine.dispose()
     assert stats.get("failed", 0) == 0, stats
-    return enqueue_rate, n / elapsed
+    return Run(backend, "pipeline", n, round(elapsed, 2), round(n / elapsed, 1), per_event)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=10_000)
+def direct_loop(engine: Engine, install_id: str, n: int, threads: int, workers: int) -> float:
+    """Run ``threads`` claim/process loops until ``n`` events succeeded; seconds taken."""
+    processor = Processor(engine)
+    mode = queue_profile_mode()
+    budget = max_processing_rows_for_workers(workers)
+    errors: list[BaseException] = []
+    finished = threading.Event()
+
+    def loop(ordinal: int) -> None:
+        profile = work_item_worker_queue_profile(threads, ordinal, mode)
+        owner = f"direct-{ordinal}"
+        try:
+            while not finished.is_set():
+                items = queue.claim(
+                    engine,
+                    queue.ClaimSpec(
+                        installed_pack_id=install_id,
+                        queue_classes=list(profile.queue_classes),
+                        preferred_queue_classes=list(profile.preferred_queue_classes),
+                        batch_size=claim_size(profile.batch_size),
+                        lease_owner=owner,
+                        lease_seconds=60,
+                        max_processing_rows=budget,
+                    ),
+                )
+                if not items:
+                    time.sleep(0.05)
+                    continue
+                processor.process(items)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+            finished.set()
+
+    pool = [threading.Thread(target=loop, args=(k,), daemon=True) for k in range(threads)]
+    start = time.perf_counter()
+    for t in pool:
+        t.start()
+    while not finished.is_set():
+        stats = done(engine, install_id)
+        if stats.get("succeeded", 0) + stats.get("failed", 0) >= n:
+            break
+        time.sleep(0.1)
+    elapsed = time.perf_counter() - start
+    finished.set()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+async def direct(
+    env: WorkflowEnvironment, backend: str, url: str, n: int, threads: int, workers: int
+) -> Run:
+    """Events/s and CPU per event of the same functions, called without Temporal."""
+    _settings, engine, install_id = await prepare(env, url, n)
+    cpu = CpuWindow(processes(backend, pipeline=False))
+    elapsed = await asyncio.to_thread(direct_loop, engine, install_id, n, threads, workers)
+    per_event = cpu.per_event_us(n)
+    stats = done(engine, install_id)
+    engine.dispose()
+    assert stats.get("failed", 0) == 0, stats
+    return Run(backend, f"direct-{threads}", n, round(elapsed, 2), round(n / elapsed, 1), per_event)
+
+
+def fresh_database(backend: str, mysql_url: str | None, tmp: str) -> tuple[str, Callable[[], None]]:
+    """A new empty database of ``backend`` and a function that drops it."""
+    if backend == "sqlite":
+        path = Path(tmp) / f"bench-{uuid.uuid4().hex[:8]}.db"
+        return f"sqlite:///{path}", lambda: path.unlink(missing_ok=True)
+    assert mysql_url is not None
+    name = f"nexus_bench_{uuid.uuid4().hex[:8]}"
+    with make_engine(mysql_url).begin() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    url = make_url(mysql_url).set(database=name).render_as_string(hide_password=False)
+
+    def drop() -> None:
+        with make_engine(mysql_url).begin() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+
+    return url, drop
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cores": psutil.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+async def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=8, help="inbound workers (pipeline)")
+    parser.add_argument("--direct-threads", default="1,8", help="comma-separated thread counts")
     parser.add_argument("--mysql-url")
-    args = parser.parse_args()
+    parser.add_argument("--no-pipeline", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.events < 1 or args.workers < 1:
+        parser.error("--events and --workers must be at least 1")
+    threads = [int(t) for t in args.direct_threads.split(",") if t.strip()]
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
     )
+    runs: list[Run] = []
+    backends = ["sqlite"] + (["mysql"] if args.mysql_url else [])
+    db_version = None
     try:
         tmp = tempfile.mkdtemp()
-        urls = {"sqlite": f"sqlite:///{tmp}/bench.db"}
-        if args.mysql_url:
-            name = f"nexus_bc_{uuid.uuid4().hex[:8]}"
-            with make_engine(args.mysql_url).begin() as conn:
-                conn.execute(text(f"CREATE DATABASE `{name}`"))
-            urls["mysql"] = (
-                make_url(args.mysql_url).set(database=name).render_as_string(hide_password=False)
-            )
-        for backend, url in urls.items():
-            try:
-                enq, rate = await run(env, url, args.events)
-            finally:
-                if backend == "mysql":
-                    with make_engine(url).begin() as conn:
-                        conn.execute(text(f"DROP DATABASE IF EXISTS `{make_url(url).database}`"))
-            print(
-                f"{backend}: {args.events} events: enqueue {enq:,.0f} events/s, "
-                f"processed end to end {rate:,.0f} events/s"
-            )
+        for backend in backends:
+            for mode in ([] if args.no_pipeline else ["pipeline"]) + [f"d{t}" for t in threads]:
+                url, drop = fresh_database(backend, args.mysql_url, tmp)
+                try:
+                    if backend == "mysql" and db_version is None:
+                        with make_engine(url).connect() as conn:
+                            db_version = conn.execute(text("SELECT VERSION()")).scalar()
+                    if mode == "pipeline":
+                        run = await pipeline(env, backend, url, args.events, args.workers)
+                    else:
+                        run = await direct(env, backend, url, args.events, int(mode[1:]), 8)
+                finally:
+                    drop()
+                runs.append(run)
+                print(
+                    f"{backend:<7} {run.mode:<10} {run.events:>7} events {run.seconds:>8.2f} s "
+                    f"{run.events_per_s:>9,.0f} events/s  CPU us/event "
+                    + " ".join(f"{k}={v:,.0f}" for k, v in run.cpu_us_per_event.items()),
+                    flush=True,
+                )
     finally:
         await env.shutdown()
+    ratios = {}
+    for backend in backends:
+        mine = [r for r in runs if r.backend == backend]
+        piped = next((r for r in mine if r.mode == "pipeline"), None)
+        best = max((r for r in mine if r.mode != "pipeline"), key=lambda r: r.events_per_s)
+        if piped is not None:
+            ratios[backend] = round(piped.events_per_s / best.events_per_s, 2)
+            print(f"{backend}: pipeline / best direct loop ({best.mode}) = {ratios[backend]}")
+    result = {
+        "bench": "connectors",
+        "command": "python bench/bench_connectors.py " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {**machine(), "database": db_version},
+        "events": args.events,
+        "workers": args.workers,
+        "runs": [asdict(r) for r in runs],
+        "pipeline_over_best_direct": ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written {args.out}")
+    return result
 
 
 if __name__ == "__main__":

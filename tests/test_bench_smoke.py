@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,7 @@ def _bench(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -68,3 +70,26 @@ async def test_corpus_views_bench_smoke(temporal_env: WorkflowEnvironment, tmp_p
     for counts in sqlite["projects"].values():
         assert counts["computed"] == counts["compiled"] + counts["left_out"] + counts["missing"]
     assert sum(c["compiled"] for c in sqlite["projects"].values()) > 0
+
+
+async def test_connectors_bench_smoke(tmp_path: Path) -> None:
+    """The inbound bench: the pipeline and two direct loops on SQLite, each
+    draining its events, with CPU per event and the ratio written."""
+    bench = _bench("bench_connectors")
+    out = tmp_path / "results" / "connectors.json"
+    argv = ["--events", "60", "--workers", "2", "--direct-threads", "1,2", "--out", str(out)]
+    result = await bench.main(argv)
+
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(result))
+    assert {"bench", "command", "date", "machine", "events", "runs"} <= set(written)
+    assert [(r["backend"], r["mode"]) for r in written["runs"]] == [
+        ("sqlite", "pipeline"),
+        ("sqlite", "direct-1"),
+        ("sqlite", "direct-2"),
+    ]
+    for run in written["runs"]:
+        assert run["events"] == 60 and run["events_per_s"] > 0
+        assert run["cpu_us_per_event"]["worker"] > 0
+    assert "temporal" in written["runs"][0]["cpu_us_per_event"]
+    assert written["pipeline_over_best_direct"]["sqlite"] > 0
