@@ -55,6 +55,7 @@ from nexusctl.cli.render import (
 from nexusctl.devserver import dev_server, stop_server, ui_port
 from nexusctl.temporal import connect, signal_fleet, start_fleet
 from nexusctl.worker import run_worker
+from nexusctl.worker_processes import cores, run_processes
 
 T = TypeVar("T")
 
@@ -252,12 +253,36 @@ async def _with_worker(
 # commands
 
 
-def worker() -> None:
+Processes = Annotated[
+    str,
+    typer.Option(
+        "--processes",
+        help="Worker processes on the same task queues: a count, or 'auto' for one per "
+        "core (what we propose for inbound throughput). Default 1.",
+    ),
+]
+
+
+def worker(processes: Processes = "1") -> None:
     """Run the worker (same as `python worker.py`); Ctrl-C or SIGTERM stops it."""
+    count = cores() if processes.strip().lower() == "auto" else _count(processes)
     settings = load_settings()
     check_database(settings)
+    if count > 1:
+        with _sigterm_as_interrupt():
+            raise typer.Exit(run_processes(count, settings.worker_shutdown_seconds))
     with _sigterm_as_interrupt(), contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(settings, None))
+
+
+def _count(raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        fail(f"--processes: {raw!r} is not a whole number or 'auto'")
+    if not 1 <= value <= 256:
+        fail(f"--processes: {value} is out of range (1-256)")
+    return value
 
 
 def dev() -> None:
