@@ -25,7 +25,9 @@ from pydantic import ValidationError
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
+from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
+from nexusctl.metrics import metrics_runtime
 from nexusctl.temporal import start_fleet
 from tests.builders import (
     SF_SYNC,
@@ -63,6 +65,14 @@ def test_bad_metrics_address_is_refused_naming_the_setting(address, monkeypatch)
 def test_metrics_address_accepted(address, expected, monkeypatch):
     monkeypatch.setenv("NEXUS_METRICS_ADDRESS", address)
     assert Settings().metrics_address == expected
+
+
+def test_metrics_port_in_use_is_an_error_naming_the_setting():
+    address = f"127.0.0.1:{free_port()}"
+    first = metrics_runtime(address)
+    with pytest.raises(NexusError, match=r"NEXUS_METRICS_ADDRESS .*port of its own"):
+        metrics_runtime(address)
+    del first
 
 
 def free_port() -> int:
