@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from temporalio import activity
+from temporalio.common import MetricMeter
 
 from activities.common import (
     expect_progress,
@@ -25,6 +26,7 @@ from activities.common import (
     raise_if_cancelled,
     stop_requested,
 )
+from activities.metrics import NexusMetrics
 from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
 from nexuscrm.connectors.lease_keeper import LeaseKeeper
@@ -64,8 +66,16 @@ def claim_size(batch_size: int) -> int:
 class ConnectorActivities:
     """Activities of the connector runtime for one database."""
 
-    def __init__(self, engine: Engine, settings: Settings, config: knobs.ConnectorKnobs) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        config: knobs.ConnectorKnobs,
+        metrics: NexusMetrics | None = None,
+    ) -> None:
         self.engine = engine
+        # The nexus_* metrics (no-op without a metrics endpoint).
+        self.metrics = metrics or NexusMetrics(MetricMeter.noop)
         self.settings = settings
         self.knobs = config
         # Frozen before the process starts, as the seed's SetRuntimeServingSelection.
@@ -84,6 +94,7 @@ class ConnectorActivities:
             flow_deadline=config.flow_deadline,
             role=settings.connector_role,
             selection=self.selection,
+            on_woken=self.metrics.woken if self.metrics.enabled else None,
         )
 
     @activity.defn(name="connectors.reconcile_plan")
@@ -122,6 +133,7 @@ class ConnectorActivities:
         if stop_requested():
             return []
         c = req.config
+        started = time.monotonic()
         leases = queue.claim_leases(
             self.engine,
             queue.ClaimSpec(
@@ -136,6 +148,7 @@ class ConnectorActivities:
                 fencing_token=c.fencing_token,
             ),
         )
+        self.metrics.claimed(c.install_id, time.monotonic() - started, len(leases))
         return [ClaimedLease(work_id, token) for work_id, token in leases]
 
     @activity.defn(name="connectors.process")
@@ -186,6 +199,7 @@ class ConnectorActivities:
         outcome = self.processor.process(
             items, on_item=progress, should_stop=lambda: stop_requested() or superseded()
         )
+        self.metrics.batch_ended(items, outcome)
         if outcome.released:
             log.warning("batch cut short; leases handed back", released=outcome.released)
         raise_if_cancelled()  # the finished items are committed, the rest handed back

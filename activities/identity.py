@@ -12,6 +12,7 @@ time out waiting for it, never expire anything).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import threading
@@ -23,10 +24,12 @@ from typing import Any
 from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities.common import quiet_lock_conflicts, shielded
+from activities.metrics import NexusMetrics
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import (
     Dependency,
@@ -231,8 +234,11 @@ class IdentityActivities:
         settings: Settings,
         config: IdentityWaitConfig | None = None,
         resolver: Resolver | None = probe,
+        metrics: NexusMetrics | None = None,
     ) -> None:
         self.engine = engine
+        # The nexus_* metrics (no-op without a metrics endpoint).
+        self.metrics = metrics or NexusMetrics(MetricMeter.noop)
         self.settings = settings
         self.config = config or config_from_env()
         # None: no owner authority (the seed's nil resolver): every probe fails,
@@ -344,13 +350,18 @@ class IdentityActivities:
     @shielded
     def wake(self, key_hash: str) -> WakeResult:
         """Blocked items of ``key_hash`` -> pending; the packs to wake."""
-        by_pack = wq.wake_blocked_by_pack(self.engine, key_hash)
+        by_pack = wq.wake_blocked_by_pack(
+            self.engine, key_hash, on_woken=self.metrics.woken_hook("wait")
+        )
         return WakeResult(sum(by_pack.values()), sorted(by_pack))
 
     # -- registration and recovery (async: they use the worker's client) -------
 
-    async def _wake_keys(self, keys: list[str]) -> dict[str, int]:
+    async def _wake_keys(self, keys: list[str], path: str = "notify") -> dict[str, int]:
         """:func:`wq.wake_blocked_keys`, a lock conflict retried in place (issue 16).
+
+        ``path``: who wakes, for ``nexus_identity_wake_latency_seconds``
+        (``notify`` or ``recovery``).
 
         This write is the wake that cannot be lost: a signal to a wait that is
         not registered yet reaches nobody. Raises the last error after
@@ -358,7 +369,14 @@ class IdentityActivities:
         """
         for attempt in range(1, DIRECT_WAKE_ATTEMPTS + 1):
             try:
-                return await asyncio.to_thread(wq.wake_blocked_keys, self.engine, keys)
+                return await asyncio.to_thread(
+                    functools.partial(
+                        wq.wake_blocked_keys,
+                        self.engine,
+                        keys,
+                        on_woken=self.metrics.woken_hook(path),
+                    )
+                )
             except Exception as exc:
                 if attempt == DIRECT_WAKE_ATTEMPTS or not is_transient(exc):
                     raise
@@ -487,7 +505,7 @@ class IdentityActivities:
                 resolved_keys, self.engine, [dep for dep, _ in groups.values()]
             )
             if resolved:
-                await self._wake_keys(sorted(resolved))
+                await self._wake_keys(sorted(resolved), path="recovery")
                 for key in resolved:
                     groups.pop(key, None)
                 log.info("identity recovery woke resolved rows", dependency_keys=len(resolved))

@@ -7,6 +7,7 @@ The connector runtime's ``NEXUSCRM_CONNECTOR_*`` knobs live in
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from functools import cached_property
 from pathlib import Path
@@ -87,6 +88,10 @@ class Settings(BaseSettings):
         how long a control-plane request waits for its turn in the database's
         queue before it is dropped and its caller gets a timeout error (the
         seed's 600 s ``GET_LOCK`` wait); default 600.
+      metrics_address [NEXUS_METRICS_ADDRESS]: ``<IP address>:<port>`` the
+        worker process serves its Prometheus endpoint on
+        (``http://<address>/metrics``: the Temporal SDK's metrics and the
+        runtime's ``nexus_*``, see ``nexusctl.metrics``); unset or empty: none.
     """
 
     model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore")
@@ -112,6 +117,7 @@ class Settings(BaseSettings):
     final_verify_command: str | None = None
     final_verify_timeout_seconds: float = 600.0
     controlplane_queue_wait_seconds: float = 600.0
+    metrics_address: str | None = None
 
     @field_validator("database_url")
     @classmethod
@@ -152,6 +158,13 @@ class Settings(BaseSettings):
                 f"NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS {v!r} must be a positive number of seconds"
             )
         return v
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _metrics_address(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        return parse_metrics_address(v)
 
     @field_validator("connector_pack_allowance", "connector_max_activity_slots")
     @classmethod
@@ -221,6 +234,35 @@ class Settings(BaseSettings):
     def controlplane_workflow_id(self) -> str:
         """One workflow id per database for every control-plane mutation."""
         return controlplane_workflow_id(self.database_id)
+
+
+def parse_metrics_address(value: str) -> str:
+    """Check a ``NEXUS_METRICS_ADDRESS``: ``<IP address>:<port>``.
+
+    The host is an IPv4 address (``0.0.0.0`` for every interface,
+    ``127.0.0.1`` for this host only) or a bracketed IPv6 one (``[::]:9464``);
+    not a host name (the SDK's exporter binds a socket address as given). The
+    port is 1-65535. Returns the address stripped of surrounding blanks;
+    raises ``ValueError`` naming the setting and what is wrong.
+    """
+    v = value.strip()
+    prefix = f"NEXUS_METRICS_ADDRESS {value!r}"
+    host, sep, port_text = v.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{prefix} must be <IP address>:<port>, e.g. 0.0.0.0:9464")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise ValueError(
+            f"{prefix}: host {host!r} must be an IP address (0.0.0.0 for every interface, "
+            "127.0.0.1 for this host, [::] for IPv6), not a host name"
+        ) from None
+    if ip.version == 6 and not bracketed:
+        raise ValueError(f"{prefix}: an IPv6 host is written in brackets, e.g. [::1]:9464")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{prefix}: port {port_text!r} must be a number from 1 to 65535")
+    return v
 
 
 def controlplane_workflow_id(database_id: str) -> str:

@@ -20,6 +20,7 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
@@ -60,8 +61,12 @@ def temporal_binary() -> str:
     )
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
     """Connect to ``settings.temporal_address`` / ``temporal_namespace``.
+
+    ``runtime``: the Temporal runtime of the client and of the workers built
+    from it (the worker's metrics runtime, ``nexusctl.metrics``); ``None``: the
+    SDK's default runtime.
 
     The client's failure converter bounds every failure it sends
     (:mod:`nexusctl.failures`), so the workers it builds never send one the
@@ -73,6 +78,7 @@ async def connect(settings: Settings) -> Client:
             settings.temporal_address,
             namespace=settings.temporal_namespace,
             data_converter=DATA_CONVERTER,
+            runtime=runtime,
         )
     except ValueError as exc:  # the SDK's parse of the target (host:port)
         raise NexusError(

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
 from activities.controlplane_gates import GateActivities
 from activities.identity import IdentityActivities
+from activities.metrics import NexusMetrics, run_sampler
 from nexuscrm.connectors.knobs import ConnectorKnobs
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.connectors.sizing import WorkerSizing, worker_sizing
@@ -23,6 +27,7 @@ from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from nexusctl.failures import with_bounded_failures
+from nexusctl.metrics import metrics_runtime
 from nexusctl.temporal import connect, ensure_search_attributes
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.controlplane_queue import QUEUE_WORKFLOWS
@@ -38,20 +43,33 @@ class WorkerGroup:
 
     Stopping shuts them all down at once (each gets its graceful shutdown
     timeout side by side, not one after the other). ``sizing``: the connector
-    worker's :class:`WorkerSizing` when the group holds one.
+    worker's :class:`WorkerSizing` when the group holds one. ``background``:
+    coroutine functions run as tasks while the group runs (the metrics
+    sampler), cancelled when it stops.
     """
 
-    def __init__(self, *workers: Worker, sizing: WorkerSizing | None = None) -> None:
+    def __init__(
+        self,
+        *workers: Worker,
+        sizing: WorkerSizing | None = None,
+        background: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = (),
+    ) -> None:
         self.workers = workers
         self.sizing = sizing
+        self.background = background
+        self._tasks: list[asyncio.Task[None]] = []
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> WorkerGroup:
         for worker in self.workers:
             await self._stack.enter_async_context(worker)
+        self._tasks = [asyncio.create_task(run()) for run in self.background]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         # Worker.shutdown is safe to call again: the stack's exits then return at once.
         await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
         await self._stack.aclose()
@@ -61,7 +79,16 @@ def _shutdown_timeout(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.worker_shutdown_seconds)
 
 
-def build_identity_worker(client: Client, settings: Settings, engine: Engine) -> Worker:
+def client_metrics(client: Client, engine: Engine | None = None) -> NexusMetrics:
+    """The ``nexus_*`` metrics on the meter of ``client``'s runtime (no-op when that
+    runtime exports no metrics, e.g. the SDK's default runtime)."""
+    runtime = client.service_client.config.runtime or Runtime.default()
+    return NexusMetrics(runtime.metric_meter, engine)
+
+
+def build_identity_worker(
+    client: Client, settings: Settings, engine: Engine, metrics: NexusMetrics | None = None
+) -> Worker:
     """A ``Worker`` for identity-convergence waits on ``settings.identity_task_queue``.
 
     The waits' only remote activity is the probe, so the task queue's activity
@@ -69,9 +96,11 @@ def build_identity_worker(client: Client, settings: Settings, engine: Engine) ->
     every worker) bounds the owner reads of all waits together, as the seed's
     25-rows-per-scan does; wake and expire run as local activities, unlimited.
     A queue of its own keeps a thousand sleeping waits from taking the inbound
-    workers' slots.
+    workers' slots. ``metrics``: see :func:`client_metrics` (its default).
     """
-    identity = IdentityActivities(engine, settings)
+    identity = IdentityActivities(
+        engine, settings, metrics=metrics or client_metrics(client, engine)
+    )
     return Worker(
         with_bounded_failures(client),
         task_queue=settings.identity_task_queue,
@@ -117,7 +146,10 @@ def build_connector_worker(
     Knobs come from the ``NEXUSCRM_CONNECTOR_*`` environment (read once here).
     Slots, threads and the database pool follow :func:`connector_sizing`
     (installed packs read once, at start); ``graceful_shutdown_timeout`` is
-    ``NEXUS_WORKER_SHUTDOWN_SECONDS``.
+    ``NEXUS_WORKER_SHUTDOWN_SECONDS``. When ``client``'s runtime exports
+    metrics (``NEXUS_METRICS_ADDRESS``), the activities record the ``nexus_*``
+    metrics on it and the group samples the queue gauges every
+    ``activities.metrics.SAMPLE_SECONDS`` while it runs.
     """
     config = ConnectorKnobs.from_env()
     probe = make_engine(settings.database_url)
@@ -126,8 +158,9 @@ def build_connector_worker(
     engine = make_engine(
         settings.database_url, pool_size=sizing.pool_size, max_overflow=sizing.max_overflow
     )
-    acts = ConnectorActivities(engine, settings, config)
-    identity = IdentityActivities(engine, settings)
+    metrics = client_metrics(client, engine)
+    acts = ConnectorActivities(engine, settings, config, metrics=metrics)
+    identity = IdentityActivities(engine, settings, metrics=metrics)
     connectors = Worker(
         with_bounded_failures(client),
         task_queue=task_queue or settings.connector_task_queue,
@@ -139,7 +172,15 @@ def build_connector_worker(
         max_concurrent_local_activities=sizing.local_activities,
         graceful_shutdown_timeout=_shutdown_timeout(settings),
     )
-    return WorkerGroup(connectors, build_identity_worker(client, settings, engine), sizing=sizing)
+    background: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = ()
+    if metrics.enabled:
+        background = (lambda: run_sampler(metrics, client, settings.database_id),)
+    return WorkerGroup(
+        connectors,
+        build_identity_worker(client, settings, engine, metrics),
+        sizing=sizing,
+        background=background,
+    )
 
 
 def build_worker(client: Client, settings: Settings, task_queue: str | None = None) -> Worker:
@@ -172,9 +213,15 @@ def check_database(settings: Settings) -> None:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Connect, register search attributes, and serve until ``stop`` is set (or forever)."""
+    """Connect, register search attributes, and serve until ``stop`` is set (or forever).
+
+    With ``NEXUS_METRICS_ADDRESS`` the process's Prometheus endpoint listens
+    before anything connects (``nexusctl.metrics.metrics_runtime``; raises
+    ``NexusError`` when the address cannot be bound).
+    """
     check_database(settings)
-    client = await connect(settings)
+    runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
+    client = await connect(settings, runtime)
     await ensure_search_attributes(client)
     worker = build_worker(client, settings)
     connector_worker = build_connector_worker(client, settings)
@@ -199,8 +246,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         db_max_overflow=sizing.max_overflow,
         capped=sizing.capped,
         shutdown_seconds=settings.worker_shutdown_seconds,
+        metrics_address=settings.metrics_address,
     )
-    group = WorkerGroup(worker, *connector_worker.workers)
+    group = WorkerGroup(worker, *connector_worker.workers, background=connector_worker.background)
     async with group:
         if stop is None:
             await asyncio.Event().wait()

@@ -30,10 +30,17 @@ from nexuscrm.log import log
 BLOCK_GRACE = dt.timedelta(seconds=60)
 
 
-def count(outcome: BatchOutcome, kind: str, failure_class: str) -> None:
-    """Add one item of ``kind`` (``retried`` / ``failed``) with ``failure_class``."""
+def count(
+    outcome: BatchOutcome, kind: str, failure_class: str, work_id: str, ended: str = ""
+) -> None:
+    """Add one item of ``kind`` (``retried`` / ``failed``) with ``failure_class``.
+
+    ``work_id``'s attempt is recorded in ``outcome.ended`` as ``ended`` (default:
+    ``kind``; ``blocked`` for a block, which counts as retried).
+    """
     setattr(outcome, kind, getattr(outcome, kind) + 1)
     outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
+    outcome.ended[work_id] = (ended or kind, failure_class)
 
 
 @dataclass
@@ -54,6 +61,17 @@ class BatchOutcome:
     blocked: list[BlockedWait] = field(default_factory=list)
     wake_keys: set[str] = field(default_factory=set)
     released: int = 0
+    ended: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """How each item's attempt ended in this batch, by work id: ``(outcome,
+    failure class)``, outcome ``succeeded`` / ``failed`` / ``retried`` /
+    ``blocked`` (failure class ``''`` for a success). Items lost to another
+    worker or handed back are not in it. For metrics; not on the wire."""
+
+    def succeeded_items(self, items: Sequence[queue.ClaimedItem]) -> None:
+        """Count ``items`` succeeded (their finish committed)."""
+        self.succeeded += len(items)
+        for item in items:
+            self.ended[item.work_id] = ("succeeded", "")
 
     def result(self) -> BatchResult:
         """The ``BatchResult`` the process activity returns (``wake_keys`` sorted)."""
@@ -166,7 +184,7 @@ class Finisher:
                     failure_class=exc.failure_class,
                     summary=str(exc),
                 )
-                count(outcome, "retried", exc.failure_class)
+                count(outcome, "retried", exc.failure_class, item.work_id)
                 return
             failure_class = exc.failure_class
         elif isinstance(exc, RouteNotFoundError):
@@ -174,7 +192,7 @@ class Finisher:
         else:  # pragma: no cover - only FlowError / RouteNotFoundError reach here
             raise exc
         queue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))
-        count(outcome, "failed", failure_class)
+        count(outcome, "failed", failure_class, item.work_id)
 
     def block(
         self,
@@ -187,7 +205,7 @@ class Finisher:
         dep = Dependency.remote(p.owner_key, p.namespace, p.destination_object, p.remote_id)
         queue.block_item(conn, item, dep, summary=str(exc), probe_after=utcnow() + BLOCK_GRACE)
         outcome.blocked.append(BlockedWait(item.work_id, dep.key_hash, to_spec(dep)))
-        count(outcome, "retried", exc.failure_class)
+        count(outcome, "retried", exc.failure_class, item.work_id, ended="blocked")
 
     def retry(
         self,
@@ -201,13 +219,11 @@ class Finisher:
             queue.finish_retry(
                 conn, item, run_after=utcnow() + delay, failure_class=failure_class, summary=summary
             )
-        outcome.retried += 1
-        outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
+        count(outcome, "retried", failure_class, item.work_id)
 
     def failed(
         self, item: queue.ClaimedItem, failure_class: str, summary: str, outcome: BatchOutcome
     ) -> None:
         with self.engine.begin() as conn:
             queue.finish_failed(conn, item, failure_class=failure_class, summary=summary)
-        outcome.failed += 1
-        outcome.failure_classes[failure_class] = outcome.failure_classes.get(failure_class, 0) + 1
+        count(outcome, "failed", failure_class, item.work_id)

@@ -155,7 +155,9 @@ class Processor:
         max_attempts: int = MAX_ATTEMPTS,
         role: str = "local",
         selection: RuntimeServingSelection | None = None,
+        on_woken: Callable[[str, str, float], None] | None = None,
     ) -> None:
+        self.on_woken = on_woken  # (path, installed pack id, seconds parked) per woken item
         self.selection = selection  # batch reads use only its profiles and credentials
         self.modes = supported_modes(role)
         self.role = role
@@ -168,6 +170,14 @@ class Processor:
         self.finish = Finisher(engine, max_attempts)
         # Shared by concurrent batches: only immutable-once-built clients per pack.
         self._clients: dict[str, BatchReadClient] = {}
+
+    def _woken_hook(self, path: str) -> queue.WokenHook | None:
+        """``on_woken`` bound to the wake ``path`` (``batch``: the parent's batch woke
+        its children; ``self``: a child's own post-block re-read woke it)."""
+        hook = self.on_woken
+        if hook is None:
+            return None
+        return lambda pack, seconds: hook(path, pack, seconds)
 
     def process(
         self,
@@ -313,7 +323,7 @@ class Processor:
         held_ids = {i.work_id for i in held}
         done = {i.work_id for i in echoed}
         outcome.lost += len(matches) - len(held_ids)
-        outcome.succeeded += len(echoed)
+        outcome.succeeded_items(echoed)
         if echoed:
             log.info("outbound echoes finished without their flow", items=len(echoed))
         return [
@@ -560,7 +570,7 @@ class Processor:
                     flow_execution_ids=handed,
                     cause_code="runtime-command-handoff",
                 )
-                counts.succeeded = len(succeeded) + len(commands)
+                counts.succeeded_items([*succeeded, *(c.item for c in commands)])
         except _ChunkOverrun:
             log.warning(
                 "connector batch outlasted the flow deadline; rolled back, redoing it item by item",
@@ -579,8 +589,11 @@ class Processor:
         outcome.retried += counts.retried
         outcome.failed += counts.failed
         outcome.lost += counts.lost
-        outcome.blocked += wake_resolved(self.engine, counts.blocked, outcome)
-        wake_linked(self.engine, created, outcome)
+        outcome.ended.update(counts.ended)
+        outcome.blocked += wake_resolved(
+            self.engine, counts.blocked, outcome, self._woken_hook("self")
+        )
+        wake_linked(self.engine, created, outcome, self._woken_hook("batch"))
         batch.created += created
         for key, n in counts.failure_classes.items():
             outcome.failure_classes[key] = outcome.failure_classes.get(key, 0) + n
@@ -641,15 +654,17 @@ class Processor:
                             "flow-deadline", "flow exceeded its deadline", retriable=True
                         )
                     queue.finish_succeeded(conn, item)
-                wake_linked(self.engine, created, outcome)
+                wake_linked(self.engine, created, outcome, self._woken_hook("batch"))
                 batch.created += created
-            outcome.succeeded += 1
+            outcome.succeeded_items([item])
         except RouteNotFoundError as exc:
             self.finish.failed(item, "route-not-found", str(exc), outcome)
         except DependencyUnresolved as exc:
             with self.engine.begin() as conn:
                 self.finish.block(conn, item, exc, outcome)
-            outcome.blocked[-1:] = wake_resolved(self.engine, outcome.blocked[-1:], outcome)
+            outcome.blocked[-1:] = wake_resolved(
+                self.engine, outcome.blocked[-1:], outcome, self._woken_hook("self")
+            )
         except FlowError as exc:
             if exc.retriable and item.attempt < self.max_attempts:
                 delay = queue.retry_backoff(item.attempt)

@@ -42,6 +42,30 @@ class ConnectorPackRow:
         return self.status == "draining"
 
 
+def connector_pack_names(engine: Engine) -> dict[str, str]:
+    """Pack name of every ConnectorPack incarnation the database knows, by install id.
+
+    Every status (active, draining, retired, removed, failed): a metric or a
+    report may name the pack of any work item. Empty when the system tables
+    do not exist yet.
+    """
+    present = table_names(engine)
+    ip, inc = t.installed_pack, t.connector_pack_incarnation
+    out: dict[str, str] = {}
+    with engine.connect() as conn:
+        if inc.name in present:
+            stmt = select(inc.c.PackInstallId, inc.c.Name).where(
+                inc.c.Category == Category.ConnectorPack.value
+            )
+            out.update({str(i): str(n) for i, n in conn.execute(stmt).all()})
+        if ip.name in present:
+            stmt = select(ip.c.PackInstallId, ip.c.Name).where(
+                ip.c.Category == Category.ConnectorPack.value
+            )
+            out.update({str(i): str(n) for i, n in conn.execute(stmt).all() if i})
+    return out
+
+
 def list_connector_packs(engine: Engine) -> list[ConnectorPackRow]:
     """Active and draining ConnectorPack incarnations, sorted by (namespace, install id).
 

@@ -21,7 +21,12 @@ from nexuscrm.db.dialect import describe_error
 from nexuscrm.log import log
 
 
-def wake_linked(engine: Engine, created: list[RemoteIdentity], outcome: BatchOutcome) -> None:
+def wake_linked(
+    engine: Engine,
+    created: list[RemoteIdentity],
+    outcome: BatchOutcome,
+    on_woken: queue.WokenHook | None = None,
+) -> None:
     """Right after links commit: their blocked children -> ``pending`` (issue 16).
 
     Here, not in the notify after the batch: a batch whose activity is
@@ -29,6 +34,7 @@ def wake_linked(engine: Engine, created: list[RemoteIdentity], outcome: BatchOut
     load) never returns its outcome, and its children would wait for a
     probe. The keys that had children go to ``wake_keys`` (the notify
     completes their waits); a wake that fails leaves them to the notify.
+    ``on_woken``: see ``queue.wake_blocked_keys``.
     """
     if not created:
         return
@@ -41,13 +47,16 @@ def wake_linked(engine: Engine, created: list[RemoteIdentity], outcome: BatchOut
         return
     outcome.wake_keys |= keys
     try:
-        queue.wake_blocked_keys(engine, sorted(keys))
+        queue.wake_blocked_keys(engine, sorted(keys), on_woken=on_woken)
     except Exception as exc:
         log.warning("post-commit wake failed; left to the notify", err=describe_error(exc))
 
 
 def wake_resolved(
-    engine: Engine, blocked: list[BlockedWait], outcome: BatchOutcome
+    engine: Engine,
+    blocked: list[BlockedWait],
+    outcome: BatchOutcome,
+    on_woken: queue.WokenHook | None = None,
 ) -> list[BlockedWait]:
     """Right after a block commits: wake the items whose dependency resolved meanwhile.
 
@@ -57,6 +66,7 @@ def wake_resolved(
     commit, sees that link: the items go back to ``pending`` at once (the
     worker's next claim takes them) and need no wait. Returns the items
     still blocked; a wake that fails leaves its keys to the notify.
+    ``on_woken``: see ``queue.wake_blocked_keys``.
     """
     if not blocked:
         return blocked
@@ -64,7 +74,7 @@ def wake_resolved(
     if not keys:
         return blocked
     try:
-        queue.wake_blocked_keys(engine, sorted(keys))
+        queue.wake_blocked_keys(engine, sorted(keys), on_woken=on_woken)
     except Exception as exc:
         log.warning("post-block wake failed; left to the notify", err=describe_error(exc))
         outcome.wake_keys |= keys

@@ -109,6 +109,7 @@ from nexuscrm.connectors.queue.locking import (
 from nexuscrm.connectors.queue.parking import (
     RECOVERY_MAX_PAGES,
     RECOVERY_PAGE,
+    WokenHook,
     block_item,
     blocked_keys,
     blocked_rows,
@@ -201,6 +202,7 @@ __all__ = [
     "LeaseLost",
     "PackQueueStats",
     "QueueLockTimeout",
+    "WokenHook",
     "block_item",
     "blocked_keys",
     "blocked_rows",

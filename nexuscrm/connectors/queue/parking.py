@@ -12,7 +12,7 @@ mark is unset or past is a row without a live wait (recovery starts one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -59,7 +59,8 @@ _CHUNK = 500
 
 
 def _lock_by_id(conn: Connection, work_ids: Sequence[str]) -> list[Any]:
-    """Rows of ``work_ids`` (WorkId, InstalledPackId, State, DependencyKeyHash), locked.
+    """Rows of ``work_ids`` (WorkId, InstalledPackId, State, DependencyKeyHash,
+    DependencyBlockedAt), locked.
 
     The lock order of every write of blocked rows (issue 11): primary keys
     only, ascending, no other predicate, so InnoDB takes record locks on the
@@ -73,7 +74,13 @@ def _lock_by_id(conn: Connection, work_ids: Sequence[str]) -> list[Any]:
     rows: list[Any] = []
     for start in range(0, len(ids), _CHUNK):
         stmt = (
-            select(_w.c.WorkId, _w.c.InstalledPackId, _w.c.State, _w.c.DependencyKeyHash)
+            select(
+                _w.c.WorkId,
+                _w.c.InstalledPackId,
+                _w.c.State,
+                _w.c.DependencyKeyHash,
+                _w.c.DependencyBlockedAt,
+            )
             .where(_w.c.WorkId.in_(ids[start : start + _CHUNK]))
             .order_by(_w.c.WorkId)
         )
@@ -199,19 +206,33 @@ def blocked_keys(engine: Engine, key_hashes: Sequence[str]) -> set[str]:
     return out
 
 
+WokenHook = Callable[[str, float], None]
+"""Called once per woken item after the wake committed: ``(installed pack id,
+seconds parked)``, from the item's ``DependencyBlockedAt`` to the wake's ``now``
+(0 when the block time is unknown). Metrics use it; it must not raise."""
+
+
 def wake_blocked_by_pack(
-    engine: Engine, key_hash: str, *, now: datetime | None = None
+    engine: Engine,
+    key_hash: str,
+    *,
+    now: datetime | None = None,
+    on_woken: WokenHook | None = None,
 ) -> dict[str, int]:
     """Blocked items of ``key_hash`` -> ``pending`` (due now, Dependency* cleared).
 
     Returns woken items per installed pack id (empty when none was blocked:
     a duplicate wake wakes nothing). See :func:`wake_blocked_keys`.
     """
-    return wake_blocked_keys(engine, [key_hash], now=now)
+    return wake_blocked_keys(engine, [key_hash], now=now, on_woken=on_woken)
 
 
 def wake_blocked_keys(
-    engine: Engine, key_hashes: Sequence[str], *, now: datetime | None = None
+    engine: Engine,
+    key_hashes: Sequence[str],
+    *,
+    now: datetime | None = None,
+    on_woken: WokenHook | None = None,
 ) -> dict[str, int]:
     """Blocked items of any of ``key_hashes`` -> ``pending``, in one transaction.
 
@@ -222,7 +243,8 @@ def wake_blocked_keys(
     The write then locks and updates those items by primary key only
     (:func:`_lock_by_id`), each still blocked on one of the keys. An item that
     blocks after the read registers a wait of its own, whose first probe
-    converges.
+    converges. ``on_woken`` (:data:`WokenHook`) runs for each woken item
+    after the commit.
     """
     keys = sorted(set(key_hashes))
     if not keys:
@@ -257,6 +279,10 @@ def wake_blocked_keys(
     out: dict[str, int] = {}
     for r in rows:
         out[r.InstalledPackId] = out.get(r.InstalledPackId, 0) + 1
+        if on_woken is not None:
+            blocked_at = r.DependencyBlockedAt
+            parked = (when - blocked_at).total_seconds() if blocked_at is not None else 0.0
+            on_woken(r.InstalledPackId, max(0.0, parked))
     return out
 
 
