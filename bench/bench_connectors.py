@@ -12,6 +12,9 @@ Per backend (SQLite always; MariaDB/MySQL with ``--mysql-url``), in one run:
   the ConnectorFleet (``--workers`` inbound workers, the pack's default queue
   profile) on a local Temporal dev server, the worker in this process, until
   every event is ``succeeded``.
+  With ``--worker-processes 0,2`` the pipeline runs again with two worker
+  processes (``nexusctl worker --processes 2``) instead of the in-process
+  worker; their CPU is the worker's.
 - **direct loop**, once per ``--direct-threads`` count: the same fresh setup,
   then that many threads calling the same ``nexuscrm`` functions the
   activities call (``queue.claim`` with the pool's batch profile and budget,
@@ -30,15 +33,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,12 +167,27 @@ def done(engine: Engine, install_id: str) -> dict[str, int]:
     return queue.pack_queue_stats(engine, install_id)[0].by_state()
 
 
-async def pipeline(env: WorkflowEnvironment, backend: str, url: str, n: int, workers: int) -> Run:
-    """Events/s and CPU per event through the ConnectorFleet on Temporal."""
+async def pipeline(
+    env: WorkflowEnvironment, backend: str, url: str, n: int, workers: int, procs: int
+) -> Run:
+    """Events/s and CPU per event through the ConnectorFleet on Temporal.
+
+    ``procs`` 0: the worker runs in this process; else ``procs`` worker
+    processes (``nexusctl worker --processes procs``) serve the task queues and
+    their CPU is counted as the worker's.
+    """
     settings, engine, install_id = await prepare(env, url, n)
     os.environ[ENV_WORKERS_PER_PACK] = str(workers)  # read when the worker's knobs are
-    async with build_connector_worker(env.client, settings):
-        cpu = CpuWindow(processes(backend, pipeline=True))
+    async with contextlib.AsyncExitStack() as stack:
+        if procs == 0:
+            await stack.enter_async_context(build_connector_worker(env.client, settings))
+            watched = processes(backend, pipeline=True)
+        else:
+            children = await stack.enter_async_context(worker_processes(env, settings, procs))
+            watched = processes(backend, pipeline=True)
+            watched.pop("worker")
+            watched.update({f"worker{k}": c for k, c in enumerate(children)})
+        cpu = CpuWindow(watched)
         start = time.perf_counter()
         fleet = await start_fleet(
             env.client, settings, FleetInput(database_id=settings.database_id, idle_seconds=0.5)
@@ -182,7 +203,43 @@ async def pipeline(env: WorkflowEnvironment, backend: str, url: str, n: int, wor
         await fleet.result()
     engine.dispose()
     assert stats.get("failed", 0) == 0, stats
-    return Run(backend, "pipeline", n, round(elapsed, 2), round(n / elapsed, 1), per_event)
+    if procs:
+        per_event["worker"] = round(sum(v for k, v in per_event.items() if k[:6] == "worker"), 1)
+    mode = "pipeline" if procs == 0 else f"pipeline-{procs}p"
+    return Run(backend, mode, n, round(elapsed, 2), round(n / elapsed, 1), per_event)
+
+
+@contextlib.asynccontextmanager
+async def worker_processes(
+    env: WorkflowEnvironment, settings: Settings, count: int
+) -> AsyncIterator[list[psutil.Process]]:
+    """``nexusctl worker --processes count`` on ``env``'s server; yields the children
+    once each polls, stops them (SIGTERM) on exit."""
+    environ = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "NEXUS_LOG_LEVEL": "ERROR",
+    }
+    root = Path(__file__).resolve().parents[1]
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "nexusctl.cli", "worker", "--processes", str(count)],
+        env=environ,
+        cwd=root,
+    )
+    try:
+        children: list[psutil.Process] = []
+        for _ in range(240):
+            children = psutil.Process(parent.pid).children()
+            if len(children) == count:
+                break
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(3)  # imports and first polls
+        yield children
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(60)
 
 
 def direct_loop(engine: Engine, install_id: str, n: int, threads: int, workers: int) -> float:
@@ -284,11 +341,18 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--direct-threads", default="1,8", help="comma-separated thread counts")
     parser.add_argument("--mysql-url")
     parser.add_argument("--no-pipeline", action="store_true")
+    parser.add_argument(
+        "--worker-processes",
+        default="0",
+        help="comma-separated pipeline runs: 0 = worker in this process, K = K worker "
+        "processes (nexusctl worker --processes K)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.events < 1 or args.workers < 1:
         parser.error("--events and --workers must be at least 1")
     threads = [int(t) for t in args.direct_threads.split(",") if t.strip()]
+    procs = [int(k) for k in args.worker_processes.split(",") if k.strip()]
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
@@ -301,14 +365,17 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         tmp = tempfile.mkdtemp()
         for backend in backends:
-            for mode in ([] if args.no_pipeline else ["pipeline"]) + [f"d{t}" for t in threads]:
+            pipes = [] if args.no_pipeline else [f"p{k}" for k in procs]
+            for mode in pipes + [f"d{t}" for t in threads]:
                 url, drop = fresh_database(backend, args.mysql_url, tmp)
                 try:
                     if backend == "mysql" and db_version is None:
                         with make_engine(url).connect() as conn:
                             db_version = conn.execute(text("SELECT VERSION()")).scalar()
-                    if mode == "pipeline":
-                        run = await pipeline(env, backend, url, args.events, args.workers)
+                    if mode[0] == "p":
+                        run = await pipeline(
+                            env, backend, url, args.events, args.workers, int(mode[1:])
+                        )
                     else:
                         run = await direct(env, backend, url, args.events, int(mode[1:]), 8)
                 finally:
@@ -325,11 +392,18 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratios = {}
     for backend in backends:
         mine = [r for r in runs if r.backend == backend]
-        piped = next((r for r in mine if r.mode == "pipeline"), None)
-        best = max((r for r in mine if r.mode != "pipeline"), key=lambda r: r.events_per_s)
+        piped = max(
+            (r for r in mine if r.mode.startswith("pipeline")),
+            key=lambda r: r.events_per_s,
+            default=None,
+        )
+        best = max((r for r in mine if r.mode.startswith("direct")), key=lambda r: r.events_per_s)
         if piped is not None:
             ratios[backend] = round(piped.events_per_s / best.events_per_s, 2)
-            print(f"{backend}: pipeline / best direct loop ({best.mode}) = {ratios[backend]}")
+            print(
+                f"{backend}: best pipeline ({piped.mode}) / best direct loop ({best.mode}) "
+                f"= {ratios[backend]}"
+            )
     result = {
         "bench": "connectors",
         "command": "python bench/bench_connectors.py " + " ".join(argv or sys.argv[1:]),
