@@ -12,7 +12,8 @@ with the same environment), each of which dies with the parent
 a single worker process would die); SIGTERM or Ctrl-C of the parent is passed
 on to each child, which shuts down as a single worker does. When one child
 exits on its own, the others are stopped and the parent exits with that
-child's code, so the service manager restarts the whole set.
+child's code, so the service manager restarts the whole set. With
+``NEXUS_METRICS_ADDRESS=host:port`` child k serves its metrics on port + k.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def child_environment(k: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of child ``k`` (0-based): the parent's, with
+    ``NEXUS_METRICS_ADDRESS``'s port moved up by ``k`` (each process serves its
+    own endpoint: ``host:9464`` gives 9464, 9465, ...)."""
+    env = dict(os.environ if environ is None else environ)
+    address = env.get("NEXUS_METRICS_ADDRESS", "").strip()
+    host, sep, port = address.rpartition(":")
+    if address and sep and port.isdigit():
+        env["NEXUS_METRICS_ADDRESS"] = f"{host}:{int(port) + k}"
+    return env
+
+
 def run_processes(count: int, shutdown_seconds: float) -> int:
     """Run ``count`` worker processes until one exits or the parent is interrupted.
 
@@ -57,7 +70,10 @@ def run_processes(count: int, shutdown_seconds: float) -> int:
     if count < 1:
         raise ValueError(f"--processes must be at least 1, got {count}")
     command = [sys.executable, "-m", "nexusctl.cli", "worker", "--processes", "1"]
-    children = [subprocess.Popen(command, preexec_fn=_die_with_parent) for _ in range(count)]
+    children = [
+        subprocess.Popen(command, env=child_environment(k), preexec_fn=_die_with_parent)
+        for k in range(count)
+    ]
     log.info("worker processes started", processes=count, pids=[c.pid for c in children])
     code = 0
     try:

@@ -100,3 +100,12 @@ def test_bad_process_counts_are_refused(settings) -> None:
         result = invoke(["worker", "--processes", raw], cli_env(settings))
         assert result.exit_code == 1, result.output
         assert "--processes: " in result.output and message in result.output
+
+
+def test_each_child_gets_a_metrics_port_of_its_own() -> None:
+    from nexusctl.worker_processes import child_environment
+
+    env = {"NEXUS_METRICS_ADDRESS": "127.0.0.1:9464", "OTHER": "x"}
+    ports = [child_environment(k, env)["NEXUS_METRICS_ADDRESS"] for k in range(3)]
+    assert ports == ["127.0.0.1:9464", "127.0.0.1:9465", "127.0.0.1:9466"]
+    assert child_environment(1, {"OTHER": "x"}) == {"OTHER": "x"}  # no endpoint: unchanged
