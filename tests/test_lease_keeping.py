@@ -55,7 +55,7 @@ from tests.builders import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-LEASE_S = 3
+LEASE_S = 4
 """A short lease, so a call of twice its length takes seconds."""
 
 
