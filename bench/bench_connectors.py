@@ -91,6 +91,7 @@ class Run:
     seconds: float
     events_per_s: float
     cpu_us_per_event: dict[str, float] = field(default_factory=dict)
+    queued: int = 0
 
 
 class CpuWindow:
@@ -168,7 +169,13 @@ def done(engine: Engine, install_id: str) -> dict[str, int]:
 
 
 async def pipeline(
-    env: WorkflowEnvironment, backend: str, url: str, n: int, workers: int, procs: int
+    env: WorkflowEnvironment,
+    backend: str,
+    url: str,
+    n: int,
+    workers: int,
+    procs: int,
+    measure: int,
 ) -> Run:
     """Events/s and CPU per event through the ConnectorFleet on Temporal.
 
@@ -194,11 +201,11 @@ async def pipeline(
         )
         while True:
             stats = done(engine, install_id)
-            if stats.get("succeeded", 0) + stats.get("failed", 0) >= n:
+            if stats.get("succeeded", 0) + stats.get("failed", 0) >= measure:
                 break
             await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - start
-        per_event = cpu.per_event_us(n)
+        per_event = cpu.per_event_us(measure)
         await fleet.signal("stop")
         await fleet.result()
     engine.dispose()
@@ -206,7 +213,8 @@ async def pipeline(
     if procs:
         per_event["worker"] = round(sum(v for k, v in per_event.items() if k[:6] == "worker"), 1)
     mode = "pipeline" if procs == 0 else f"pipeline-{procs}p"
-    return Run(backend, mode, n, round(elapsed, 2), round(n / elapsed, 1), per_event)
+    rate = round(measure / elapsed, 1)
+    return Run(backend, mode, measure, round(elapsed, 2), rate, per_event, queued=n)
 
 
 @contextlib.asynccontextmanager
@@ -294,17 +302,24 @@ def direct_loop(engine: Engine, install_id: str, n: int, threads: int, workers: 
 
 
 async def direct(
-    env: WorkflowEnvironment, backend: str, url: str, n: int, threads: int, workers: int
+    env: WorkflowEnvironment,
+    backend: str,
+    url: str,
+    n: int,
+    threads: int,
+    workers: int,
+    measure: int,
 ) -> Run:
     """Events/s and CPU per event of the same functions, called without Temporal."""
     _settings, engine, install_id = await prepare(env, url, n)
     cpu = CpuWindow(processes(backend, pipeline=False))
-    elapsed = await asyncio.to_thread(direct_loop, engine, install_id, n, threads, workers)
-    per_event = cpu.per_event_us(n)
+    elapsed = await asyncio.to_thread(direct_loop, engine, install_id, measure, threads, workers)
+    per_event = cpu.per_event_us(measure)
     stats = done(engine, install_id)
     engine.dispose()
     assert stats.get("failed", 0) == 0, stats
-    return Run(backend, f"direct-{threads}", n, round(elapsed, 2), round(n / elapsed, 1), per_event)
+    rate = round(measure / elapsed, 1)
+    return Run(backend, f"direct-{threads}", measure, round(elapsed, 2), rate, per_event, queued=n)
 
 
 def fresh_database(backend: str, mysql_url: str | None, tmp: str) -> tuple[str, Callable[[], None]]:
@@ -340,6 +355,13 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workers", type=int, default=8, help="inbound workers (pipeline)")
     parser.add_argument("--direct-threads", default="1,8", help="comma-separated thread counts")
     parser.add_argument("--mysql-url")
+    parser.add_argument(
+        "--measure",
+        type=int,
+        default=None,
+        help="time the first N events processed (default: all); with --events 100000 "
+        "--measure 10000 a deep queue is compared with a shallow one",
+    )
     parser.add_argument("--no-pipeline", action="store_true")
     parser.add_argument(
         "--worker-processes",
@@ -352,6 +374,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.events < 1 or args.workers < 1:
         parser.error("--events and --workers must be at least 1")
     threads = [int(t) for t in args.direct_threads.split(",") if t.strip()]
+    measure = min(args.measure or args.events, args.events)
     procs = [int(k) for k in args.worker_processes.split(",") if k.strip()]
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
@@ -374,15 +397,18 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                             db_version = conn.execute(text("SELECT VERSION()")).scalar()
                     if mode[0] == "p":
                         run = await pipeline(
-                            env, backend, url, args.events, args.workers, int(mode[1:])
+                            env, backend, url, args.events, args.workers, int(mode[1:]), measure
                         )
                     else:
-                        run = await direct(env, backend, url, args.events, int(mode[1:]), 8)
+                        run = await direct(
+                            env, backend, url, args.events, int(mode[1:]), 8, measure
+                        )
                 finally:
                     drop()
                 runs.append(run)
                 print(
-                    f"{backend:<7} {run.mode:<10} {run.events:>7} events {run.seconds:>8.2f} s "
+                    f"{backend:<7} {run.mode:<10} {run.events:>7}/{run.queued} events "
+                    f"{run.seconds:>8.2f} s "
                     f"{run.events_per_s:>9,.0f} events/s  CPU us/event "
                     + " ".join(f"{k}={v:,.0f}" for k, v in run.cpu_us_per_event.items()),
                     flush=True,
