@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -340,37 +339,6 @@ def test_run_after_is_respected(engine: Engine) -> None:
     assert row["LastFailureAt"] == now
 
 
-def test_concurrent_claims_never_share_an_item(engine: Engine) -> None:
-    wq.enqueue(engine, [req(f"k{i}") for i in range(60)])
-    now = utcnow()
-    claimed: list[list[str]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(owner: str) -> None:
-        try:
-            while True:
-                got = claim(engine, now, lease_owner=owner, batch_size=4, max_processing_rows=40)
-                if not got:
-                    return
-                with lock:
-                    claimed.append([i.work_id for i in got])
-        except BaseException as exc:
-            errors.append(exc)
-
-    pool = [threading.Thread(target=run, args=(f"w{n}",)) for n in range(4)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
-    assert not errors
-    flat = [w for batch in claimed for w in batch]
-    assert len(flat) == len(set(flat)) == 40  # no item twice, budget never exceeded
-    rows = items(engine).values()
-    assert sum(1 for r in rows if r["State"] == "processing") == 40
-    assert all(r["Attempt"] == 1 for r in rows if r["State"] == "processing")
-
-
 def test_stale_lease_is_reclaimed(engine: Engine) -> None:
     wq.enqueue(engine, [req("a"), req("b")])
     now = utcnow()
@@ -608,32 +576,3 @@ def test_claim_on_a_missing_column_is_permanent(engine: Engine) -> None:
     with pytest.raises(wq.ClaimSchemaMissing, match="schema missing") as err:
         claim(engine)
     assert isinstance(err.value, FatalError)  # mapped to a non-retryable failure
-
-
-def test_claim_lock_wait_is_shorter_than_the_claim_timeout(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The claim local activity's start-to-close is 30 s (workflows.inbound_worker).
-    assert wq.LOCK_WAIT_SECONDS <= 15
-    from nexuscrm.connectors.queue import locking
-
-    monkeypatch.setattr(locking, "LOCK_WAIT_SECONDS", 1)
-    wq.enqueue(engine, [req("a")])
-    if engine.dialect.name == "mysql":
-        holder = engine.connect()
-        name = locking.server_lock_name(engine, locking._claim_lock_name(PACK))
-        assert holder.exec_driver_sql(f"SELECT GET_LOCK('{name}', 0)").scalar() == 1
-    else:  # another process's writer: BEGIN IMMEDIATE on a connection of its own
-        other = make_engine(str(engine.url))
-        holder = other.connect()
-        holder.exec_driver_sql("BEGIN IMMEDIATE")
-    started = time.monotonic()
-    with pytest.raises(wq.QueueLockTimeout, match="within 1 s"):
-        claim(engine)
-    assert time.monotonic() - started < 5
-    if engine.dialect.name == "mysql":
-        holder.exec_driver_sql(f"SELECT RELEASE_LOCK('{name}')")
-    else:
-        holder.rollback()
-    holder.close()
-    assert len(claim(engine)) == 1

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, inspect
 from nexuscrm import catalog
 from nexuscrm.controlplane import lease
 from nexuscrm.db import tables as t
-from nexuscrm.db.dialect import after_ddl, quote, render_type, table_names
+from nexuscrm.db.dialect import after_ddl, index_names, quote, render_type, table_names
 from nexuscrm.db.session import ensure_session_user_function
 from nexuscrm.log import log
 from nexuscrm.packs.model import STANDARD_COLUMNS, FieldSpec
@@ -41,6 +41,7 @@ def ensure_system_schema(engine: Engine) -> int:
     created = len({tb.name for tb in t.SYSTEM_TABLES} - before)
     with engine.begin() as conn:
         created += add_missing_system_columns(conn)
+        created += add_missing_system_indexes(conn)
     ensure_session_user_function(engine)
     # TiDB caches the schema per session: reconnect after DDL, as the seed does.
     after_ddl(engine)
@@ -74,6 +75,29 @@ def add_missing_system_columns(conn: Connection) -> int:
             changed += 1
             log.info("added managed column", table=table.name, column=col.name)
     return changed
+
+
+def add_missing_system_indexes(conn: Connection) -> int:
+    """Create every index of ``nexuscrm.db.tables`` an existing system table lacks.
+
+    A table an older release created keeps the indexes it had; a release that
+    adds one (e.g. ``ix_ConnectorWorkItem_Target``, which the claim's
+    target-lane probe reads) needs it on upgrade too. Indexes are matched by
+    name. Idempotent; returns how many were created.
+    """
+    created = 0
+    existing_tables = table_names(conn)
+    for table in t.SYSTEM_TABLES:
+        if table.name not in existing_tables or not table.indexes:
+            continue
+        have = {n.lower() for n in index_names(conn, table.name)}
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if str(index.name).lower() in have:
+                continue
+            index.create(conn)
+            created += 1
+            log.info("added managed index", table=table.name, index=index.name)
+    return created
 
 
 def _sql_literal(v: object) -> str:

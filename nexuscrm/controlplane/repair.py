@@ -174,12 +174,13 @@ def _valid_name(name: str) -> bool:
 
 
 def reconcile_managed_table_columns(conn: Connection) -> int:
-    """Add system-table columns an older release did not have (warm upgrade).
+    """Add system-table columns and indexes an older release did not have (warm upgrade).
 
     The same reconcile ``ensure_system_schema`` runs (ApplyMetadata); kept as
-    a step so a RunRepair alone converges the columns too.
+    a step so a RunRepair alone converges the columns and indexes too.
+    Returns how many were added.
     """
-    return metadata.add_missing_system_columns(conn)
+    return metadata.add_missing_system_columns(conn) + metadata.add_missing_system_indexes(conn)
 
 
 def migrate_pack_install_id_backfill(conn: Connection) -> int:

@@ -239,6 +239,7 @@ connector_work_item = Table(
     *_audit(),
     Index("ix_ConnectorWorkItem_Claim", "InstalledPackId", "State", "QueueClass", "RunAfter"),
     Index("ix_ConnectorWorkItem_Lane", "SourceLaneKey", "LaneOrdinal"),
+    Index("ix_ConnectorWorkItem_Target", "TargetMutationLaneKey", "LaneOrdinal"),
     Index("ix_ConnectorWorkItem_Dependency", "DependencyKeyHash"),
 )
 

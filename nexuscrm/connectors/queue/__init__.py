@@ -22,7 +22,9 @@ Ordering rules enforced by :func:`claim` (:mod:`.claiming`, candidates in :mod:`
   ``LaneOrdinal`` — is claimable, so the events of one remote record run one
   at a time, in enqueue order;
 * **target mutation lanes** (``TargetMutationLaneKey``, default: the source
-  lane): at most one item per key holds a live lease at a time;
+  lane): only the head of a target lane is claimable too (the mutations of
+  one target record run one at a time, in enqueue order, whichever source
+  lane they come from), and none whose key holds a live lease;
 * **processing budget**: a pack's processing rows (leased, live or stale;
   parked rows excluded) never exceed ``max_processing_rows`` through new
   claims; reclaiming a stale row re-leases a row already counted.
@@ -41,27 +43,35 @@ record succeeded (see :func:`replay`). Sortable work ids also give
 :func:`claim` a first-in-first-out scan straight off the claim index.
 
 Locking. MySQL family: enqueue and replay serialize on the named lock
-``GET_LOCK('nexuscrm_connector_enqueue')``; claims of one pack serialize on a
-per-pack named lock (the processing budget and target-lane exclusivity are
-read-then-write decisions and need it). Each lock is taken *before* the
-transaction starts, so the transaction's REPEATABLE READ snapshot includes
-everything the previous holder committed. Inside a claim, the chosen rows are
-locked with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB 10.6+, MySQL 8) so a
-claim never waits behind a worker finishing a row; every state change is a
-compare-and-set on (WorkId, State, LeaseToken): finishes and lease extensions
-check the rowcount, a claim batch is one UPDATE whose winners are read back by
-their fresh, unique tokens. SQLite: ``BEGIN IMMEDIATE`` takes the database
-write lock up front, which serializes the same sections.
+``GET_LOCK('nexuscrm_connector_enqueue')``, taken *before* the transaction
+starts, so the transaction's REPEATABLE READ snapshot includes everything the
+previous holder committed. Claims take no lock across the pack: the claims
+of every worker and worker process run side by side. A claim picks its
+candidates from its snapshot, then locks them with ``SELECT ... FOR UPDATE
+SKIP LOCKED`` (MariaDB 10.6+, MySQL 8), which skips a row another claim
+holds or took since the snapshot (a locking read sees the latest commit),
+and picks past what it lost (``CLAIM_ROUNDS``). Lane exclusivity needs no
+lock: only the head of a source lane *and* of a target mutation lane is
+claimable, and a head stays the head until it is terminal, so two claims
+can only race for the same row, which row locks and the compare-and-set
+UPDATE settle. The processing budget is read from the snapshot (claims at
+the same moment can together pass it by their batches: it bounds pressure,
+not safety). Every state change is a compare-and-set on (WorkId, State,
+LeaseToken): finishes and lease extensions check the rowcount, a claim
+batch is one UPDATE whose winners are read back by their fresh, unique
+tokens. TiDB (no SKIP LOCKED): the compare-and-set alone. SQLite: ``BEGIN
+IMMEDIATE`` takes the database write lock up front, which serializes the
+same sections.
 
 Claim fences (:mod:`.fencing`): each pack's claims belong to the pool generation
 that took its current fence; a claim under another fence is refused, the take-over
 revokes the older fence's leases, and every claim stamps ``FencingToken`` and
 ``Generation``; finishes, extensions and releases compare both tokens.
 
-Scope: source lanes are global (the lane key starts with the pack's
-namespace); the live-lease check of target lanes and the budget look at the
-claiming pack's rows (the claim index), since ``TargetMutationLaneKey`` has no
-index of its own.
+Scope: source and target lanes are global (the lane key starts with the
+pack's namespace; ``ix_ConnectorWorkItem_Lane`` and ``_Target`` serve the
+head probes); the live-lease check of target lanes and the budget look at
+the claiming pack's rows (the claim index).
 
 Times are naive UTC ``datetime`` with whole seconds (what DATETIME stores);
 a ``now`` argument, when given, is truncated to whole seconds.
@@ -70,7 +80,8 @@ Modules (import from the package: it re-exports every public name)::
 
     vocabulary  states, work types, outcomes, id prefixes, errors, shared helpers
     shapes      EnqueueRequest, EnqueueResult, ClaimSpec, ClaimedItem, PackQueueStats, BlockedRow
-    locking     the enqueue / claim locks, the SQLite writer guard, write_transaction
+    locking     the enqueue / fence locks, claim_transaction, the SQLite writer guard,
+                write_transaction
     enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
     claiming    claim, claim_leases, load_claimed
     fencing     claim fences: take_fence, check_claim_fence, fence_holds, FenceSuperseded

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm.connectors.queue.fencing import check_claim_fence
 from nexuscrm.connectors.queue.leases import _attempt_row, _insert_attempts
-from nexuscrm.connectors.queue.locking import _claim_lock_name, _serialized, _skip_locked
+from nexuscrm.connectors.queue.locking import _skip_locked, claim_transaction
 from nexuscrm.connectors.queue.scan import _Candidate, _pick
 from nexuscrm.connectors.queue.shapes import ClaimedItem, ClaimSpec
 from nexuscrm.connectors.queue.vocabulary import (
@@ -56,14 +56,18 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
     Work types ``ConnectorEvent`` and ``WorkflowActionApply``.
 
     Rules: only lane heads (no non-terminal item earlier in the same source
-    lane); at most one item per target mutation lane, and none whose target
-    lane holds a live lease; ``queue_classes`` filters (empty = every class);
+    lane, nor in the same target mutation lane: the mutations of one target
+    record run one at a time, in enqueue order, whichever source they come
+    from), and none whose target lane holds a live lease;
+    ``queue_classes`` filters (empty = every class);
     ``preferred_queue_classes`` are taken first, then stale reclaims, then
     enqueue order (``WorkId`` order; due retries by ``RunAfter``); at most
     ``max_processing_rows - held`` new items where ``held`` counts the pack's
     processing rows, stale ones included and parked ones (dependency set, no
     lease) excluded, all classes (the seed's processing pressure); stale
-    reclaims are not limited by it (their rows are already counted).
+    reclaims are not limited by it (their rows are already counted). The
+    budget is read from the claim's snapshot: claims running at the same
+    moment can together pass it by up to their batches.
 
     Each item gets ``State='processing'``, a new uuid4 ``LeaseToken``,
     ``LeaseUntil = now + lease_seconds`` (whole seconds) and ``Attempt + 1``
@@ -72,14 +76,18 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
     ``attempts-exhausted`` instead (:func:`_fail_exhausted`), however its
     attempts ended. Returns the claimed items in claim order (possibly empty).
 
-    Fenced (:mod:`nexuscrm.connectors.queue.fencing`): under the claim lock,
+    No lock spans the pack (MySQL family): claims of one pack run side by
+    side, kept apart by row locks and compare-and-set (see
+    :func:`_claim_locked`).
+
+    Fenced (:mod:`nexuscrm.connectors.queue.fencing`): read first, locked shared,
     ``spec.generation`` / ``spec.fencing_token`` must be the pack's current
     claim fence (or 0 / unfenced while the pack has none), else
     ``FenceSuperseded`` and nothing is claimed; each claimed item gets
     ``FencingToken`` and ``Generation`` of the claimer.
 
     Raises ``ValueError`` for a non-positive ``lease_seconds``,
-    ``QueueLockTimeout`` when the pack's claim lock is busy for
+    ``QueueLockTimeout`` when SQLite's write lock is busy for
     ``LOCK_WAIT_SECONDS`` (10 s), ``ClaimSchemaMissing`` (a ``FatalError``)
     when a queue table or column is missing.
     """
@@ -111,20 +119,42 @@ def _claim(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         raise
 
 
+CLAIM_ROUNDS = 3
+"""Most candidate picks one claim makes when concurrent claims took its candidates.
+
+Claims run side by side (no lock across a pack on the MySQL family): two
+claims that read the queue at the same moment pick the same head items, and
+``SKIP LOCKED`` leaves the later one without them. It picks again, past what
+it lost, instead of returning a short or empty batch (an empty claim makes the
+worker wait for a wake or its idle timeout)."""
+
+
 def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
-    """The claim under the pack's claim lock (see :func:`claim`)."""
+    """The claim in one transaction (see :func:`claim`); no lock across the pack.
+
+    MySQL family: the fence row is read with a shared lock (take-overs wait
+    for the claims in flight); the candidates are picked from the
+    transaction's snapshot, then locked with ``FOR UPDATE SKIP LOCKED``
+    (re-checking their state: a locking read sees the latest commit), so a
+    candidate another claim holds or took is skipped and picked past in the
+    next round (:data:`CLAIM_ROUNDS`); the UPDATE is a compare-and-set either
+    way. SQLite: the whole claim holds the database write lock.
+    """
     when = _now(spec.now)
     until = _lease_until(when, spec.lease_seconds)
     if spec.batch_size <= 0 or spec.max_processing_rows <= 0:
         return []
     classes = _normalize_classes(spec.queue_classes)
     preferred = _normalize_classes(spec.preferred_queue_classes)
-    with _serialized(engine, _claim_lock_name(spec.installed_pack_id)) as conn:
+    with claim_transaction(engine) as conn:
         check_claim_fence(conn, spec.installed_pack_id, spec.generation, spec.fencing_token)
         # One read of the pack's processing rows gives both the live target lanes
         # and the seed's pressure: every processing row that is not parked counts,
         # stale ones too (re-leasing a stale row adds nothing, so only new items
         # are held to the room left). Parked rows have no lease, so never live.
+        # Read from the snapshot: claims committing meanwhile are not counted, so
+        # claims running at the same moment can together pass the budget by up
+        # to their own batches (it bounds pressure; lanes stay exclusive).
         processing = conn.execute(
             select(_w.c.TargetMutationLaneKey, _w.c.LeaseUntil, _case(_parked(_w))).where(
                 _w.c.InstalledPackId == spec.installed_pack_id,
@@ -132,32 +162,39 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
                 _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
             )
         ).all()
-        live_targets = [r[0] for r in processing if r[1] is not None and r[1] >= when]
+        busy: set[str | None] = {r[0] for r in processing if r[1] is not None and r[1] >= when}
         held = sum(1 for r in processing if not r[2])
-        room = spec.max_processing_rows - int(held)
-        picked = _pick(
-            conn,
-            spec.installed_pack_id,
-            classes,
-            preferred,
-            when,
-            spec.batch_size,
-            set(live_targets),
-            new_budget=max(0, room),
-        )
+        room = max(0, spec.max_processing_rows - int(held))
+        skip_locked = _skip_locked(conn)
+        picked: list[_Candidate] = []
+        passed: set[str] = set()
+        for _round in range(CLAIM_ROUNDS):
+            got = _pick(
+                conn,
+                spec.installed_pack_id,
+                classes,
+                preferred,
+                when,
+                spec.batch_size - len(picked),
+                busy,
+                new_budget=room,
+                exclude=passed,
+            )
+            if not got:
+                break
+            passed.update(c.work_id for c in got)
+            lost = False
+            if skip_locked:
+                locked = _lock_candidates(conn, got)
+                lost = len(locked) < len(got)
+                got = [c for c in got if c.work_id in locked]
+            picked += got
+            room -= sum(1 for c in got if c.tag != "stale")
+            busy.update(c.target_lane for c in got if c.target_lane is not None)
+            if not lost or len(picked) >= spec.batch_size:
+                break
         if not picked:
             return []
-        if _skip_locked(conn):
-            locked = set(
-                conn.execute(
-                    select(_w.c.WorkId)
-                    .where(_w.c.WorkId.in_([c.work_id for c in picked]))
-                    .with_for_update(skip_locked=True)
-                ).scalars()
-            )
-            picked = [c for c in picked if c.work_id in locked]
-            if not picked:
-                return []
         exhausted = [c for c in picked if c.attempt >= spec.max_attempts]
         if exhausted:
             _fail_exhausted(conn, exhausted, spec.max_attempts, when)
@@ -204,6 +241,26 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         if abandoned:
             _insert_attempts(conn, abandoned, ignore_existing=True)
         return result
+
+
+def _lock_candidates(conn: Connection, picked: list[_Candidate]) -> set[str]:
+    """Row-lock the picked items still in the state they were picked in; their ids.
+
+    ``SELECT ... FOR UPDATE SKIP LOCKED`` (a locking read, so it sees the
+    latest commit): an item another claim holds locked right now is left
+    out, and so is one taken since this claim's snapshot (its state or lease
+    token changed). The read goes by the primary key only (``FORCE INDEX``:
+    a scan of a secondary index would lock, or skip, rows that were not
+    picked). The locks hold until the claim commits.
+    """
+    rows = conn.execute(
+        select(_w.c.WorkId, _w.c.State, _w.c.LeaseToken)
+        .with_hint(_w, "FORCE INDEX (PRIMARY)", "mysql")
+        .where(_w.c.WorkId.in_([c.work_id for c in picked]))
+        .with_for_update(skip_locked=True)
+    ).all()
+    now = {r.WorkId: (r.State, r.LeaseToken) for r in rows}
+    return {c.work_id for c in picked if now.get(c.work_id) == (c.state, c.lease_token)}
 
 
 def _fail_exhausted(
@@ -293,7 +350,7 @@ def _claim_update(
 
     ``SET State='processing', LeaseOwner, LeaseToken = CASE WorkId ... END,
     LeaseUntil, Attempt = Attempt + 1, LastModifiedDate, FencingToken,
-    Generation WHERE`` one
+    Generation WHERE WorkId IN (<picked>) AND (...)``, one
     ``(State, LeaseToken, Attempt, WorkId IN (...))`` group per distinct
     chosen-in state (new pending items share one). Built as a string with
     driver placeholders: the equivalent SQLAlchemy expression (a CASE and an
@@ -314,6 +371,9 @@ def _claim_update(
     bind = _w.c.LeaseUntil.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
     params += [bind(until), bind(when)] if bind else [until, when]
     params += [fence_value(spec.fencing_token), spec.generation]
+    # The primary-key IN list first, so the UPDATE reads (and locks) only the
+    # picked rows whatever plan the server prefers for the OR of groups.
+    params += [c.work_id for c in picked]
     where_sql = []
     for (state, token, attempt), ids in groups.items():
         token_sql = f"{q('LeaseToken')} IS NULL" if token is None else f"{q('LeaseToken')} = {mark}"
@@ -332,7 +392,8 @@ def _claim_update(
         f"{q('LeaseToken')} = CASE {q('WorkId')} {' '.join(case_sql)} END, "
         f"{q('LeaseUntil')} = {mark}, {q('Attempt')} = {q('Attempt')} + 1, "
         f"{q('LastModifiedDate')} = {mark}, {q('FencingToken')} = {mark}, "
-        f"{q('Generation')} = {mark} WHERE {' OR '.join(where_sql)}"
+        f"{q('Generation')} = {mark} WHERE {q('WorkId')} IN ({', '.join([mark] * len(picked))}) "
+        f"AND ({' OR '.join(where_sql)})"
     )
     conn.exec_driver_sql(sql, tuple(params))
 

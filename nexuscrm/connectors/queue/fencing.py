@@ -9,8 +9,9 @@ stands for the seed's supervisor process) keeps it; another owner takes the
 next generation, and from that commit on:
 
 * a claim under any other fence is refused (:class:`FenceSuperseded`), checked
-  under the pack's claim lock in the claim's transaction, so a claim and a
-  take-over never interleave;
+  by the claim's first read, which locks the fence row shared until the claim
+  commits (the take-over locks it exclusively), so a claim and a take-over
+  never interleave while the claims of one fence run side by side;
 * every lease of an older fence is revoked in the take-over's transaction
   (the item is ``pending`` again, an ``abandoned`` attempt with cause
   ``fence-superseded``), so a superseded worker still running cannot keep an
@@ -38,7 +39,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select
 
 from nexuscrm.connectors.queue.leases import _attempt_row, _insert_attempts
-from nexuscrm.connectors.queue.locking import _claim_lock_name, _serialized
+from nexuscrm.connectors.queue.locking import _claim_lock_name, _serialized, _tidb
 from nexuscrm.connectors.queue.vocabulary import (
     _KEY_LEN,
     OUTCOME_ABANDONED,
@@ -67,18 +68,36 @@ class FenceSuperseded(FatalError):
     """
 
 
-def current_fence(conn: Connection, installed_pack_id: str) -> tuple[int, str] | None:
-    """The pack's fence ``(generation, stored fencing token)``, ``None`` when none was taken."""
-    row = conn.execute(
-        select(_f.c.Generation, _f.c.FencingToken).where(_f.c.InstalledPackId == installed_pack_id)
-    ).first()
+def current_fence(
+    conn: Connection, installed_pack_id: str, *, lock: bool = False
+) -> tuple[int, str] | None:
+    """The pack's fence ``(generation, stored fencing token)``, ``None`` when none was taken.
+
+    ``lock`` (a claim's read): on the MySQL family the read is a locking one
+    that holds until the transaction ends — a shared lock (``LOCK IN SHARE
+    MODE``), so the claims of one fence run side by side while a
+    :func:`take_fence` (``FOR UPDATE``) waits for the claims in flight and
+    the claims after it read the new fence; on TiDB (no usable shared lock)
+    ``FOR UPDATE``. SQLite: a plain read (the claim holds the write lock).
+    """
+    stmt = select(_f.c.Generation, _f.c.FencingToken).where(
+        _f.c.InstalledPackId == installed_pack_id
+    )
+    if lock and dialect_name(conn) == "mysql":
+        stmt = stmt.with_for_update(read=not _tidb(conn))
+    row = conn.execute(stmt).first()
     return None if row is None else (int(row.Generation), row.FencingToken)
 
 
 def check_claim_fence(
     conn: Connection, installed_pack_id: str, generation: int, fencing_token: str
 ) -> None:
-    """Refuse a claim whose fence is not the pack's current one (call under the claim lock).
+    """Refuse a claim whose fence is not the pack's current one (first read of the claim).
+
+    Reads the fence with :func:`current_fence` ``lock=True``: the claim's
+    transaction keeps it, so no fence take-over commits between this check
+    and the claim's own commit (the take-over's revoke then sees the claim's
+    leases).
 
     Admitted: the pack's fence row names exactly ``generation`` and
     ``fencing_token``; or the pack has no fence row and ``generation`` is 0
@@ -87,7 +106,7 @@ def check_claim_fence(
     """
     if generation < 0:
         raise ValueError(f"claim fence generation must be >= 0, got {generation}")
-    current = current_fence(conn, installed_pack_id)
+    current = current_fence(conn, installed_pack_id, lock=True)
     if current is None:
         if generation == 0:
             return
@@ -130,7 +149,10 @@ def take_fence(
 ) -> tuple[int, str]:
     """Take the pack's claim fence for a pool that starts; returns ``(generation, token)``.
 
-    Under the pack's claim lock, in one transaction. When the current fence
+    Under the pack's fence lock (serializing take-overs of one pack), in one
+    transaction that reads the fence row ``FOR UPDATE`` (MySQL family): it
+    waits for the claims in flight, which hold a shared lock on that row,
+    and the claims after it read the new fence. When the current fence
     already names ``fencing_token`` (a pool of the same owner, e.g. a rebuild
     by the same fleet: its old and new pools share the fence and coordinate
     through leases, as the seed's supervisor process does), nothing is
@@ -145,7 +167,7 @@ def take_fence(
     The token returned is the stored one (``fence_value``: over 191
     characters it is shortened with its sha1), which the pool's workers claim
     with. Raises ``ValueError`` for a blank token, ``QueueLockTimeout`` when
-    the claim lock is busy; database errors propagate (nothing is written).
+    the fence lock is busy; database errors propagate (nothing is written).
     """
     when = _now(now)
     stored = fence_value(fencing_token)

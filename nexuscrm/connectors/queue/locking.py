@@ -1,10 +1,12 @@
-"""Queue locking: the enqueue and per-pack claim locks, the SQLite writer guard.
+"""Queue locking: the enqueue lock, the fence lock, the claim transaction, the SQLite writer guard.
 
 MySQL family: enqueue and replay serialize on the named lock
-:data:`ENQUEUE_LOCK_NAME`, claims of one pack on a per-pack named lock
-(:func:`_claim_lock_name`), each scoped to the database
+:data:`ENQUEUE_LOCK_NAME`, fence take-overs of one pack on a per-pack named
+lock (:func:`_claim_lock_name`), each scoped to the database
 (:func:`server_lock_name`: named locks are server-wide) and taken before its
-transaction starts (see :func:`_serialized`). SQLite: ``BEGIN IMMEDIATE``
+transaction starts (see :func:`_serialized`). Claims take no named lock
+(:func:`claim_transaction`): they run side by side and rely on row locks
+(``SKIP LOCKED``) and compare-and-set updates. SQLite: ``BEGIN IMMEDIATE``
 plus an in-process writer lock per database file (:func:`_sqlite_writer`).
 """
 
@@ -35,7 +37,31 @@ time to fail with :class:`QueueLockTimeout` (transient, retried with backoff)
 instead of being timed out by Temporal while its session still queues for
 the lock (and may get it after the attempt was abandoned)."""
 
-_SKIP_LOCKED_CACHE: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+_SERVER_CACHE: weakref.WeakKeyDictionary[Engine, tuple[bool, bool]] = weakref.WeakKeyDictionary()
+
+
+def _server_traits(conn: Connection) -> tuple[bool, bool]:
+    """``(skip_locked, tidb)`` of a MySQL-family server, read once per engine.
+
+    ``skip_locked``: ``FOR UPDATE SKIP LOCKED`` is supported (MariaDB 10.6+,
+    MySQL 8.0.1+; not TiDB). ``tidb``: the server is TiDB (which reports a
+    MySQL 8 version; detected by ``VERSION()``).
+    """
+    engine = conn.engine
+    cached = _SERVER_CACHE.get(engine)
+    if cached is not None:
+        return cached
+    version = str(conn.execute(text("SELECT VERSION()")).scalar_one()).lower()
+    info = tuple(conn.dialect.server_version_info or ())
+    tidb = "tidb" in version
+    if tidb:
+        ok = False
+    elif getattr(conn.dialect, "is_mariadb", False):
+        ok = info >= (10, 6)
+    else:
+        ok = info >= (8, 0, 1)
+    _SERVER_CACHE[engine] = (ok, tidb)
+    return ok, tidb
 
 
 def _skip_locked(conn: Connection) -> bool:
@@ -45,20 +71,12 @@ def _skip_locked(conn: Connection) -> bool:
     """
     if dialect_name(conn) != "mysql":
         return False
-    engine = conn.engine
-    cached = _SKIP_LOCKED_CACHE.get(engine)
-    if cached is not None:
-        return cached
-    version = str(conn.execute(text("SELECT VERSION()")).scalar_one()).lower()
-    info = tuple(conn.dialect.server_version_info or ())
-    if "tidb" in version:
-        ok = False
-    elif getattr(conn.dialect, "is_mariadb", False):
-        ok = info >= (10, 6)
-    else:
-        ok = info >= (8, 0, 1)
-    _SKIP_LOCKED_CACHE[engine] = ok
-    return ok
+    return _server_traits(conn)[0]
+
+
+def _tidb(conn: Connection) -> bool:
+    """True when ``conn`` is a TiDB server (a MySQL-family dialect reporting TiDB)."""
+    return dialect_name(conn) == "mysql" and _server_traits(conn)[1]
 
 
 _SQLITE_WRITERS: dict[str, threading.Lock] = {}
@@ -135,6 +153,30 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
                     conn.commit()
                 except Exception:  # a dead session has released the lock already
                     conn.invalidate()
+
+
+@contextmanager
+def claim_transaction(engine: Engine) -> Iterator[Connection]:
+    """The transaction of one claim; commits on success, rolls back on error.
+
+    MySQL family: an ordinary transaction and no named lock, so the claims of
+    one pack (every worker, every worker process) run side by side; what
+    keeps them apart is row-level (see :mod:`nexuscrm.connectors.queue`).
+    SQLite (one writer per database): as :func:`_serialized`, ``BEGIN
+    IMMEDIATE`` after this process's writer lock, with the same
+    ``LOCK_WAIT_SECONDS`` bound and ``QueueLockTimeout``.
+    """
+    if engine.url.get_backend_name() == "sqlite":
+        with _serialized(engine, "claim") as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        try:
+            yield conn
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
 
 
 def _begin_immediate(conn: Connection, deadline: float) -> None:

@@ -41,6 +41,7 @@ from nexuscrm.db.dialect import dialect_name
 # member is its own scope, so they can share the alias objects.
 _W = _w.alias("w")
 _P = _w.alias("p")
+_T = _w.alias("t")
 
 
 @dataclass
@@ -76,14 +77,17 @@ def _pick(
     live_targets: set[str | None],
     *,
     new_budget: int,
+    exclude: set[str] | frozenset[str] = frozenset(),
 ) -> list[_Candidate]:
     """Choose up to ``budget`` candidates (lane heads, target-exclusive, in claim order),
-    of which at most ``new_budget`` are not stale reclaims (the processing budget's room).
+    of which at most ``new_budget`` are not stale reclaims (the processing budget's room);
+    none of ``exclude`` (work ids an earlier round of the same claim passed on).
 
     The scan is a UNION ALL of index-ordered slices with LIMIT — per queue
     class: never-retried pending items (``RunAfter IS NULL``, enqueue order)
     and due retries (``RunAfter <= now``); plus stale processing rows — each
-    filtered by a NOT EXISTS lane-head probe on the lane index. Slices whose
+    filtered by NOT EXISTS lane-head probes: on the source lane (lane index)
+    and on the target mutation lane (target index). Slices whose
     window was full are paged on with keyset cursors while the budget is not
     met (items skipped for a busy target lane need that), up to 6 rounds.
     """
@@ -132,7 +136,7 @@ def _pick(
                 c.order_key if c.tag != "due" else c.order_key[1],
             )
         )
-        seen = {c.work_id for c in picked}
+        seen = {c.work_id for c in picked} | set(exclude)
         for cand in fresh:
             if cand.work_id in seen:
                 continue
@@ -206,6 +210,16 @@ def _scan_statement(sqlite: bool, filtered: bool, shape: tuple[tuple[str, bool],
             p.c.LaneOrdinal <= w.c.LaneOrdinal,
             or_(p.c.LaneOrdinal < w.c.LaneOrdinal, p.c.WorkId < w.c.WorkId),
         )
+        # The head of its target mutation lane too: no earlier non-terminal item
+        # mutates the same target record. This, not a lock, keeps concurrent
+        # claims from leasing two items of one target lane.
+        t = _T
+        target_head = ~exists().where(
+            t.c.TargetMutationLaneKey == w.c.TargetMutationLaneKey,
+            t.c.State.in_(NON_TERMINAL_STATES),
+            t.c.LaneOrdinal <= w.c.LaneOrdinal,
+            or_(t.c.LaneOrdinal < w.c.LaneOrdinal, t.c.WorkId < w.c.WorkId),
+        )
         conds: list[ColumnElement[bool]] = [
             w.c.InstalledPackId == pack,
             w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
@@ -246,9 +260,9 @@ def _scan_statement(sqlite: bool, filtered: bool, shape: tuple[tuple[str, bool],
                 ra = bindparam(f"ra{idx}", type_=w.c.RunAfter.type)
                 conds.append(or_(w.c.RunAfter > ra, and_(w.c.RunAfter == ra, order_col > ok)))
             run_after = w.c.RunAfter
-        # Last: MariaDB evaluates attached conditions in order, and the probe is
-        # the only costly one.
-        conds.append(lane_head)
+        # Last: MariaDB evaluates attached conditions in order, and the probes
+        # are the only costly ones.
+        conds += [lane_head, target_head]
         sub = select(
             literal(idx).label("m"),
             w.c.WorkId,
