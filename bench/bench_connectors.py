@@ -440,6 +440,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{backend}: best pipeline ({piped.mode}) / best direct loop ({best.mode}) "
                 f"= {ratios[backend]}"
             )
+    previous = compare_with_previous(args.out, runs, args.events, measure)
     result = {
         "bench": "connectors",
         "command": "python bench/bench_connectors.py " + " ".join(argv or sys.argv[1:]),
@@ -449,11 +450,48 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
         "workers": args.workers,
         "runs": [asdict(r) for r in runs],
         "pipeline_over_best_direct": ratios,
+        "previous": previous,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written {args.out}")
     return result
+
+
+def compare_with_previous(
+    path: Path, runs: list[Run], events: int, measure: int
+) -> dict[str, Any] | None:
+    """The regression guard: print each run's events/s against the results file's last figures.
+
+    ``path`` is the results file this run is about to overwrite; when it holds
+    a run of the same backend and mode over the same number of events (and
+    measured events), the change is printed (``+12 %``) and returned as
+    ``{"date", "command", "events_per_s": {"<backend>/<mode>": [before,
+    now, change %]}}``; ``None`` when there is no earlier file or nothing
+    comparable. A file that is not valid JSON is ignored.
+    """
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    before = {
+        f"{r['backend']}/{r['mode']}": float(r["events_per_s"])
+        for r in old.get("runs", [])
+        if old.get("events") == events and r.get("events") == measure
+    }
+    changes: dict[str, list[float]] = {}
+    for run in runs:
+        key = f"{run.backend}/{run.mode}"
+        if key in before and before[key] > 0:
+            pct = round(100 * (run.events_per_s / before[key] - 1), 1)
+            changes[key] = [round(before[key], 1), round(run.events_per_s, 1), pct]
+            print(
+                f"against {old.get('date', '?')}: {key:<20} {before[key]:>9,.0f} -> "
+                f"{run.events_per_s:>9,.0f} events/s ({pct:+.0f} %)"
+            )
+    if not changes:
+        return None
+    return {"date": old.get("date"), "command": old.get("command"), "events_per_s": changes}
 
 
 if __name__ == "__main__":

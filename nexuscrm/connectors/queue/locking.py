@@ -159,9 +159,9 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
 def claim_transaction(engine: Engine) -> Iterator[Connection]:
     """The transaction of one claim; commits on success, rolls back on error.
 
-    MySQL family: an ordinary transaction and no named lock, so the claims of
-    one pack (every worker, every worker process) run side by side; what
-    keeps them apart is row-level (see :mod:`nexuscrm.connectors.queue`).
+    MySQL family: a READ COMMITTED transaction and no named lock, so the
+    claims of one pack (every worker, every worker process) run side by side;
+    what keeps them apart is row-level (see :mod:`nexuscrm.connectors.queue`).
     SQLite (one writer per database): as :func:`_serialized`, ``BEGIN
     IMMEDIATE`` after this process's writer lock, with the same
     ``LOCK_WAIT_SECONDS`` bound and ``QueueLockTimeout``.
@@ -171,6 +171,11 @@ def claim_transaction(engine: Engine) -> Iterator[Connection]:
             yield conn
         return
     with engine.connect() as conn:
+        # READ COMMITTED: each statement reads the latest commit, so a claim
+        # that lost candidates to another claim picks again past everything
+        # claimed meanwhile (a REPEATABLE READ snapshot would offer the same
+        # taken rows round after round) and its probes see finished lane heads.
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         try:
             yield conn
             conn.commit()
