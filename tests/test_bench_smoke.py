@@ -11,6 +11,7 @@ from types import ModuleType
 
 from temporalio.testing import WorkflowEnvironment
 
+from nexuscrm.controlplane.inprocess import APPLY_PHASES, AUTO_START_SKIP_PHASES
 from tests.builders import CORPUS_PROJECTS, corpus_project
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -93,3 +94,44 @@ async def test_connectors_bench_smoke(tmp_path: Path) -> None:
         assert run["cpu_us_per_event"]["worker"] > 0
     assert "temporal" in written["runs"][0]["cpu_us_per_event"]
     assert written["pipeline_over_best_direct"]["sqlite"] > 0
+
+
+async def test_apply_all_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """ApplyAll through Temporal against the same phases in-process: one round of one
+    small corpus project on SQLite, both paths doing the same work, the figures, the
+    auto-start decision and the comparison with a previous run written."""
+    project = corpus_project("dreamhouse-lwc")  # skips when ../shared/corpus is absent
+    bench = _bench("bench_apply_all")
+    out = tmp_path / "results" / "apply_all.json"
+    args = bench.parse_args(["--app-pack", str(project), "--repeat", "1", "--out", str(out)])
+    result = await bench.run(temporal_env, args)
+
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(result))
+    assert {"bench", "command", "date", "target", "sources", "machine", "backends"} <= set(written)
+    assert "previous" not in written  # nothing to compare with yet
+    assert written["sources"] == ["dreamhouse-lwc"]
+    assert {"cores", "memory_gib", "databases"} <= set(written["machine"])
+    assert list(written["backends"]) == ["sqlite"]
+    sqlite = written["backends"]["sqlite"]
+    assert sqlite["db_version"].startswith("SQLite ")
+    assert sqlite["equal"] == {"ok": True, "problems": []}
+    for path in ("temporal", "in_process"):
+        for kind in ("fresh", "converged"):
+            figure = sqlite[path][kind]
+            assert figure["median_s"] > 0 and len(figure["runs_s"]) == 1, (path, kind)
+    assert set(sqlite["ratio"]) == {"fresh", "converged"}
+    assert all(r > 0 for r in sqlite["ratio"].values())
+    auto = sqlite["auto_start"]
+    assert {"decision", "decision_phases", "in_process", "process"} <= set(auto)
+    assert all(auto[k]["median_s"] > 0 for k in auto)
+    assert set(sqlite["target_met"]) == {"ratio_fresh", "ratio_converged", "auto_start_decision"}
+    phases = sqlite["phases"]
+    assert list(phases["fresh"]) == list(phases["converged"]) == list(APPLY_PHASES)
+    assert list(phases["auto_start"]) == list(AUTO_START_SKIP_PHASES)
+
+    # The regression guard: every figure against the previous run's, in %.
+    again = bench.compare(written, written)
+    assert again["date"] == written["date"]
+    assert len(again["changes"]) == len(bench.figures(written)) == 10
+    assert {c["change_pct"] for c in again["changes"].values()} == {0.0}
