@@ -408,7 +408,12 @@ def compare(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
         for name, value in now.items()
         if name in before
     }
-    return {"date": previous.get("date"), "command": previous.get("command"), "changes": changes}
+    return {
+        "date": previous.get("date"),
+        "command": previous.get("command"),
+        "same_sources": previous.get("sources") == current.get("sources"),
+        "changes": changes,
+    }
 
 
 def report(result: dict[str, Any]) -> None:
@@ -464,6 +469,8 @@ def report(result: dict[str, Any]) -> None:
 def report_previous(previous: dict[str, Any]) -> None:
     """Each figure against the previous run's (the regression guard)."""
     print(f"\nagainst the previous results ({previous['date']}: {previous['command']}):")
+    if not previous["same_sources"]:
+        print("  (other app pack sources than this run: not the same work)")
     for name, c in previous["changes"].items():
         pct = "n/a" if c["change_pct"] is None else f"{c['change_pct']:+.1f}%"
         print(f"  {name:<40} {c['previous']:>8.3f} -> {c['now']:>8.3f}  {pct:>8}")

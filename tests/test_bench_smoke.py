@@ -132,6 +132,6 @@ async def test_apply_all_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path
 
     # The regression guard: every figure against the previous run's, in %.
     again = bench.compare(written, written)
-    assert again["date"] == written["date"]
+    assert again["date"] == written["date"] and again["same_sources"]
     assert len(again["changes"]) == len(bench.figures(written)) == 10
     assert {c["change_pct"] for c in again["changes"].values()} == {0.0}
