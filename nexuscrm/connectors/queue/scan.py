@@ -18,12 +18,12 @@ from sqlalchemy import (
     and_,
     bindparam,
     exists,
+    func,
     literal,
     literal_column,
     null,
     or_,
     select,
-    text,
     union_all,
 )
 from sqlalchemy.sql.elements import ColumnElement
@@ -157,32 +157,28 @@ def _pick(
     return picked
 
 
-_CLASSES_SQL = text(
-    """
-    WITH RECURSIVE c(q) AS (
-        SELECT MIN(QueueClass) FROM _System_ConnectorWorkItem
-        WHERE InstalledPackId = :pack AND State = :pending
-        UNION ALL
-        SELECT (
-            SELECT MIN(x.QueueClass) FROM _System_ConnectorWorkItem x
-            WHERE x.InstalledPackId = :pack AND x.State = :pending AND x.QueueClass > c.q
-        ) FROM c WHERE c.q IS NOT NULL
-    )
-    SELECT q FROM c WHERE q IS NOT NULL
-    """
+_MIN_CLASS = select(func.min(_w.c.QueueClass)).where(
+    _w.c.InstalledPackId == bindparam("pack"), _w.c.State == STATE_PENDING
 )
+_NEXT_CLASS = _MIN_CLASS.where(_w.c.QueueClass > bindparam("prev"))
 
 
 def _pending_classes(conn: Connection, pack: str) -> list[str]:
     """The queue classes of the pack's pending items, sorted.
 
-    A loose index scan written as a recursive CTE: one ``MIN(QueueClass)``
-    seek on the claim index per class, so its cost follows the number of
-    classes (a handful), not of pending rows. (``SELECT DISTINCT`` read every
-    pending row's index entry on SQLite: 100,000 per claim on a deep queue.)
+    A loose index scan: one ``MIN(QueueClass)`` per class, each after the
+    last (``QueueClass > :prev``), every one answered from the claim index's
+    edge (MariaDB: "Select tables optimized away"), so the cost follows the
+    number of classes, not of pending rows. ``SELECT DISTINCT`` read every
+    pending row's index entry: 30 ms per claim at 100,000 queued on MariaDB
+    (a recursive CTE of the same MINs, correlated, was no better: 19 ms).
     """
-    rows = conn.execute(_CLASSES_SQL, {"pack": pack, "pending": STATE_PENDING}).scalars()
-    return [str(q) for q in rows]
+    out: list[str] = []
+    q = conn.execute(_MIN_CLASS, {"pack": pack}).scalar()
+    while q is not None:
+        out.append(str(q))
+        q = conn.execute(_NEXT_CLASS, {"pack": pack, "prev": q}).scalar()
+    return out
 
 
 # Scan statements by shape (dialect, class filter, each member's tag and
