@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine, make_url
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.connectors import claim_size
@@ -75,6 +79,7 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
+from nexusctl.metrics import metrics_runtime
 from nexusctl.temporal import SEARCH_ATTRIBUTES, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker
 from tests.builders import install, record_upsert
@@ -93,6 +98,9 @@ class Run:
     events_per_s: float
     cpu_us_per_event: dict[str, float] = field(default_factory=dict)
     queued: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Pipeline runs: figures read from the workers' Prometheus endpoints
+    (``NEXUS_METRICS_ADDRESS``) at the end of the run; see :func:`scrape`."""
 
 
 class CpuWindow:
@@ -165,6 +173,64 @@ async def prepare(env: WorkflowEnvironment, url: str, n: int) -> tuple[Settings,
     return settings, engine, pack.install_id
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a metrics endpoint)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(addresses: list[str]) -> dict[str, float]:
+    """The pipeline's figures from the workers' ``/metrics`` (summed over ``addresses``).
+
+    ``events_processed`` (``nexus_events_processed_total``, every outcome),
+    ``claims`` and ``claim_ms_mean`` (``nexus_claim_latency_seconds``),
+    ``batches`` and ``batch_size_mean`` (``nexus_batch_size``: claims that
+    leased at least one item), ``empty_claims`` (claims minus batches),
+    ``activity_tasks`` (``temporal_activity_execution_latency`` count: local
+    activities included) and ``workflow_tasks``
+    (``temporal_workflow_task_execution_latency`` count). An endpoint that does not answer is left out.
+    """
+    sums: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    for address in addresses:
+        try:
+            body = httpx.get(f"http://{address}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                name, value = sample.name, float(sample.value)
+                if name == "nexus_events_processed_total":
+                    add("events_processed", value)
+                elif name == "nexus_claim_latency_seconds_count":
+                    add("claims", value)
+                elif name == "nexus_claim_latency_seconds_sum":
+                    add("claim_seconds", value)
+                elif name == "nexus_batch_size_count":
+                    add("batches", value)
+                elif name == "nexus_batch_size_sum":
+                    add("batch_items", value)
+                elif name.startswith("temporal_activity_execution_latency") and name.endswith(
+                    "_count"
+                ):
+                    add("activity_tasks", value)
+                elif name.startswith("temporal_workflow_task_execution_latency") and (
+                    name.endswith("_count")
+                ):
+                    add("workflow_tasks", value)
+    out = {k: v for k, v in sums.items() if k not in ("claim_seconds", "batch_items")}
+    if sums.get("claims"):
+        out["claim_ms_mean"] = round(1000 * sums.get("claim_seconds", 0.0) / sums["claims"], 2)
+        out["empty_claims"] = sums["claims"] - sums.get("batches", 0.0)
+    if sums.get("batches"):
+        out["batch_size_mean"] = round(sums.get("batch_items", 0.0) / sums["batches"], 1)
+    return out
+
+
 def done(engine: Engine, install_id: str) -> dict[str, int]:
     """Terminal items of the pack by state: one indexed count, cheap at any queue
     depth (the bench polls it; a GROUP BY over every row would be measured too)."""
@@ -195,9 +261,17 @@ async def pipeline(
     """
     settings, engine, install_id = await prepare(env, url, n)
     os.environ[ENV_WORKERS_PER_PACK] = str(workers)  # read when the worker's knobs are
+    port = free_port()
+    settings = settings.model_copy(update={"metrics_address": f"127.0.0.1:{port}"})
+    endpoints = [f"127.0.0.1:{port + k}" for k in range(max(procs, 1))]
     async with contextlib.AsyncExitStack() as stack:
         if procs == 0:
-            await stack.enter_async_context(build_connector_worker(env.client, settings))
+            # A client on a runtime that exports metrics, as `nexusctl worker` has.
+            client = await Client.connect(
+                env.client.service_client.config.target_host,
+                runtime=metrics_runtime(endpoints[0]),
+            )
+            await stack.enter_async_context(build_connector_worker(client, settings))
             watched = processes(backend, pipeline=True)
         else:
             children = await stack.enter_async_context(worker_processes(env, settings, procs))
@@ -216,6 +290,7 @@ async def pipeline(
             await asyncio.sleep(0.25)
         elapsed = time.perf_counter() - start
         per_event = cpu.per_event_us(measure)
+        figures = await asyncio.to_thread(scrape, endpoints)
         await fleet.signal("stop")
         await fleet.result()
     engine.dispose()
@@ -224,7 +299,9 @@ async def pipeline(
         per_event["worker"] = round(sum(v for k, v in per_event.items() if k[:6] == "worker"), 1)
     mode = "pipeline" if procs == 0 else f"pipeline-{procs}p"
     rate = round(measure / elapsed, 1)
-    return Run(backend, mode, measure, round(elapsed, 2), rate, per_event, queued=n)
+    return Run(
+        backend, mode, measure, round(elapsed, 2), rate, per_event, queued=n, metrics=figures
+    )
 
 
 @contextlib.asynccontextmanager
@@ -240,6 +317,8 @@ async def worker_processes(
         "NEXUS_TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
         "NEXUS_LOG_LEVEL": "ERROR",
     }
+    if settings.metrics_address:  # the children listen on its port + k
+        environ["NEXUS_METRICS_ADDRESS"] = settings.metrics_address
     root = Path(__file__).resolve().parents[1]
     parent = subprocess.Popen(
         [sys.executable, "-m", "nexusctl.cli", "worker", "--processes", str(count)],
@@ -420,7 +499,13 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{backend:<7} {run.mode:<10} {run.events:>7}/{run.queued} events "
                     f"{run.seconds:>8.2f} s "
                     f"{run.events_per_s:>9,.0f} events/s  CPU us/event "
-                    + " ".join(f"{k}={v:,.0f}" for k, v in run.cpu_us_per_event.items()),
+                    + " ".join(f"{k}={v:,.0f}" for k, v in run.cpu_us_per_event.items())
+                    + (
+                        "  /metrics: "
+                        + " ".join(f"{k}={v:,.6g}" for k, v in sorted(run.metrics.items()))
+                        if run.metrics
+                        else ""
+                    ),
                     flush=True,
                 )
     finally:

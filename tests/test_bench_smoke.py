@@ -94,6 +94,15 @@ async def test_connectors_bench_smoke(tmp_path: Path) -> None:
         assert run["cpu_us_per_event"]["worker"] > 0
     assert "temporal" in written["runs"][0]["cpu_us_per_event"]
     assert written["pipeline_over_best_direct"]["sqlite"] > 0
+    # read from the worker's /metrics: every event counted, and the claims behind them
+    figures = written["runs"][0]["metrics"]
+    assert figures["events_processed"] == 60
+    assert figures["batches"] >= 1 and figures["claims"] >= figures["batches"]
+    assert 0 < figures["batch_size_mean"] <= 60 and figures["claim_ms_mean"] > 0
+    assert figures["activity_tasks"] >= figures["batches"] and figures["workflow_tasks"] > 0
+    # the regression guard: a second run compares with the file the first one wrote
+    again = await bench.main([*argv, "--no-pipeline"])
+    assert set(again["previous"]["events_per_s"]) == {"sqlite/direct-1", "sqlite/direct-2"}
 
 
 async def test_apply_all_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from nexuscrm.connectors import queue
@@ -41,8 +41,6 @@ from tests.builders import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-LINE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
-LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -82,15 +80,13 @@ def free_port() -> int:
 
 
 def parse(text: str) -> Samples:
-    """Prometheus text format -> {(name, labels): value} (``service_name`` dropped)."""
+    """Prometheus text format -> {(name, labels): value} (``service_name`` dropped),
+    read with ``prometheus_client``'s parser (which also checks the format)."""
     out: Samples = {}
-    for line in text.splitlines():
-        m = LINE_RE.match(line)
-        if m is None or line.startswith("#"):
-            continue
-        labels = frozenset((k, v) for k, v in LABEL_RE.findall(m.group(2) or ""))
-        labels = frozenset((k, v) for k, v in labels if k != "service_name")
-        out[(m.group(1), labels)] = float(m.group(3))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k != "service_name")
+            out[(sample.name, labels)] = float(sample.value)
     return out
 
 
