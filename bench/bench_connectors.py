@@ -189,7 +189,8 @@ def scrape(addresses: list[str]) -> dict[str, float]:
     leased at least one item), ``empty_claims`` (claims minus batches),
     ``activity_tasks`` (``temporal_activity_execution_latency`` count: local
     activities included) and ``workflow_tasks``
-    (``temporal_workflow_task_execution_latency`` count). An endpoint that does not answer is left out.
+    (``temporal_workflow_task_execution_latency`` count). An endpoint that
+    does not answer is left out.
     """
     sums: dict[str, float] = {}
 
