@@ -1,112 +1,156 @@
-"""Benchmark: identity-convergence wake latency, IdentityWait workflows vs a 5 s poll.
+"""Benchmark: identity-convergence wakes, IdentityWait workflows against the seed's polling.
 
 Usage:
-    python bench/bench_identity.py [--n 1000] [--poll-seconds 5] [--mysql-url mysql+pymysql://...]
-        [--idle 60] [--idle-after 70] [--designs waits,poll]
+    python bench/bench_identity.py [--modes steady,bulk,parked] [--designs waits,poll]
+        [--n 1000] [--rate 20] [--poll-seconds 5] [--idle 60] [--idle-after 70]
+        [--backends sqlite,mysql] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
+        [--out bench/results/identity.json]
 
-Per backend and per design, a fresh database with the salesforce-sync pack and
-the connector fleet (in this process, in-memory Temporal dev server):
+One local Temporal dev server (in-memory) for the whole run. For every backend
+(SQLite; MariaDB/MySQL with ``--mysql-url``), mode and design: a fresh
+database, ApplyAll of the salesforce-sync pack, the connector worker in this
+process and the ConnectorFleet (``FleetInput`` defaults: 5 s worker idle
+timer, 5 s reconcile; drain 5 s). N Contact events ``c<k>`` are enqueued, each
+looking up its parent Account ``a<k>`` that is not linked yet (every enqueue
+is followed by the fleet ``wake`` signal, as ``nexusctl events enqueue``
+sends it); the run waits until all N are *parked*: ``blocked`` in the database and, in the ``waits``
+design, N ``IdentityWait`` workflows running.
 
-1. enqueue N Contact events, each looking up its own parent Account (remote id
-   ``a<k>``) that is not linked yet; wait until all N are ``blocked`` (and, in
-   the wait design, N ``IdentityWait`` workflows run);
-2. enqueue the N parent Account events;
-3. a watcher polls the work items every 50 ms and records when each item is
-   first seen ``succeeded`` (``TerminalAt`` is whole seconds on MariaDB, so
-   the bench times rows itself); latency = child seen succeeded - its parent
-   seen succeeded (the parent's link commits in the batch that succeeds it).
+Modes:
 
-Designs: ``waits`` is the runtime as shipped (the parent batch signals ``wake``
-to the child's wait). ``poll`` disables the IdentityWait path (``start_wait`` /
-``signal_wake`` are no-ops in this process) and runs the seed's polled design
-in this script: every ``--poll-seconds`` it scans blocked rows whose remote
-link now exists, sets them pending and signals the fleet ``wake``.
-Prints median and p99 per design; both figures carry the 50 ms watcher
-resolution.
+* ``steady``: the N parents are enqueued one at a time at ``--rate`` parents/s
+  (a fixed schedule, ``k / rate`` s after the first). Latency per child = its
+  parent's remote link committed -> the child ``succeeded``. Neither moment is
+  read from a timestamp column: the link's ``CreatedDate`` is the clock the
+  batch read *before* its writes, not its commit, and ``DATETIME`` is whole
+  seconds on MariaDB (so is ``TerminalAt``). A watcher instead polls the
+  database every ``--watch-ms`` (20) ms, by primary key: the remote link
+  rows of the parents enqueued and not seen yet, then the state of their
+  children. A SELECT sees what committed before it started, so each moment
+  is *first seen*, the start of the first watcher query that returned it:
+  the commit lies in (previous query start, this query start]. Each end
+  carries one watcher tick of resolution (20 ms plus the query), the
+  difference +/- one tick. Also reported: link -> child woken (first seen
+  out of ``blocked``), parent enqueued -> its link (the parent's own
+  processing, not part of the latency) and the rate achieved.
+* ``bulk``: the same, with the N parents enqueued all at once (the earlier
+  bench), plus the time from that enqueue to all N children succeeded.
+* ``parked``: the seconds to park all N (enqueue -> N blocked and, waits
+  design, N waits running); then ``--idle-after`` seconds (default 70: past
+  the 60 s block grace, so fleet recovery looks at every blocked row and the
+  waits' probe intervals have grown to their 60 s cap), then ``--idle`` s of
+  idle: CPU in % of one core and RSS of the worker (this process: the worker,
+  its activities, the poll loop of the poll design) and of the dev server
+  (and the database server's CPU on MariaDB/MySQL, which is shared: it
+  counts whatever else runs on it), probes and recovery signal-with-starts
+  run in this process; the dev server's RSS growth from before the children
+  were enqueued; then all N parents enqueued at once: the seconds until all
+  N children succeeded (counted in the database) and how many are left
+  ``blocked``.
 
-``--idle S`` (waits design): with the N waits parked, wait ``--idle-after``
-seconds (default 70, past the block grace), then measure S seconds of idle:
-fleet recovery's signal-with-starts per second (counted in this process), the
-worker's (this process) and the dev server's CPU and RSS. ``--designs waits``
-skips the poll design.
+Every mode also counts, at its end, the children left ``blocked`` whose
+parent's link exists (``left_blocked_linked``): a lost wake, a runtime bug.
+
+Designs:
+
+* ``waits``: the runtime as shipped (the parent's batch wakes its blocked
+  children right after its commit and signals their waits).
+* ``poll``: the seed's polled design over the same rows. In this process
+  only, while the design runs: no IdentityWait is started or signalled
+  (``activities.identity`` ``start_wait`` / ``signal_wake`` are no-ops, the
+  notify's direct wake is off), the batch's post-commit wakes
+  (``wake_linked`` / ``wake_resolved`` as the processor calls them) are
+  off, and the fleet runs without identity recovery. This script scans
+  every ``--poll-seconds`` for blocked rows whose remote link exists, wakes
+  them in one transaction and signals the fleet ``wake``. No runtime file
+  changes.
+
+Figures go to ``--out`` (``bench/results/identity.json``) per backend, mode and
+design, with the machine, the command, the date, the targets and each figure
+against the previous results file (``previous``). No figure is a test: a
+smoke test runs this at a tiny size.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import Engine, and_, exists, select, text
+from sqlalchemy import Engine, and_, exists, func, select, text
 from sqlalchemy.engine import make_url
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 import activities.identity as identity_acts
+import nexuscrm.connectors.processor as processor_mod
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
+from nexuscrm.connectors.finishing import BatchOutcome
+from nexuscrm.connectors.identity import Dependency
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import FleetInput
+from nexuscrm.contracts import BlockedWait, FleetInput
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
-from nexusctl.temporal import (
-    SEARCH_ATTRIBUTES,
-    signal_fleet,
-    start_fleet,
-    temporal_binary,
-)
+from nexusctl.temporal import SEARCH_ATTRIBUTES, signal_fleet, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker
 from tests.builders import children_and_parents, install
 
-WATCH_S = 0.05
-PHASE_TIMEOUT_S = 150.0
+RESULTS = Path(__file__).resolve().parent / "results" / "identity.json"
+MODES = ("steady", "bulk", "parked")
+DESIGNS = ("waits", "poll")
+BACKENDS = ("sqlite", "mysql")
+TARGETS = {
+    "steady_median_ms": 300.0,
+    "steady_p99_ms": 1000.0,
+    "parked_idle_cpu_pct_of_core": 2.0,
+    "parked_worker_rss_mib": 1024.0,
+    "parked_wake_all_s": 60.0,
+}
+"""What the ``waits`` design is judged against (``verdicts`` in the JSON)."""
+
+_CHUNK = 500
 
 
-def count_state(engine: Engine, state: str) -> int:
+# -- database reads ----------------------------------------------------------
+
+
+def count_items(engine: Engine, install_id: str, state: str) -> int:
+    """Work items of the pack in ``state`` (one count on the claim index)."""
     w = t.connector_work_item
     with engine.connect() as conn:
-        return len(conn.execute(select(w.c.WorkId).where(w.c.State == state)).all())
+        return int(
+            conn.execute(
+                select(func.count()).where(w.c.InstalledPackId == install_id, w.c.State == state)
+            ).scalar_one()
+        )
 
 
-@contextmanager
-def waits_disabled() -> Iterator[None]:
-    """The polled design: no IdentityWait is started or signalled in this process."""
-
-    async def no_start(*_a: object, **_k: object) -> None:
-        return None
-
-    async def no_wake(*_a: object, **_k: object) -> bool:
-        return False
-
-    saved = identity_acts.start_wait, identity_acts.signal_wake
-    identity_acts.start_wait, identity_acts.signal_wake = no_start, no_wake
-    # no post-commit wake either: only the poll loop wakes rows
-    identity_acts.IdentityActivities.direct_wake = False
-    try:
-        yield
-    finally:
-        identity_acts.start_wait, identity_acts.signal_wake = saved
-        identity_acts.IdentityActivities.direct_wake = True
-
-
-async def poll_loop(engine: Engine, client: Client, settings: Settings, every: float) -> None:
-    """The seed's polled scan: blocked rows whose remote link now exists -> pending."""
+def _linked() -> Any:
+    """EXISTS: the remote link a work item's dependency waits on."""
     w, rl = t.connector_work_item, t.connector_remote_link
-    linked = exists().where(
+    return exists().where(
         and_(
             rl.c.ConnectorOwnerKey == w.c.DependencyConnectorOwnerKey,
             rl.c.Namespace == w.c.DependencyConnectorNamespace,
@@ -114,259 +158,820 @@ async def poll_loop(engine: Engine, client: Client, settings: Settings, every: f
             rl.c.RemoteId == w.c.DependencyConnectorRemoteId,
         )
     )
-    query = select(w.c.DependencyKeyHash).where(w.c.State == "blocked", linked).distinct()
+
+
+def leftovers(engine: Engine, install_id: str) -> dict[str, int]:
+    """Children left ``blocked``, those of them whose parent's link exists (a lost
+    wake), and items ``failed``: counted in the database."""
+    w = t.connector_work_item
+    mine = w.c.InstalledPackId == install_id
+    with engine.connect() as conn:
+        blocked = conn.execute(
+            select(func.count()).where(mine, w.c.State == "blocked")
+        ).scalar_one()
+        linked = conn.execute(
+            select(func.count()).where(mine, w.c.State == "blocked", _linked())
+        ).scalar_one()
+        failed = conn.execute(select(func.count()).where(mine, w.c.State == "failed")).scalar_one()
+    return {"left_blocked": blocked, "left_blocked_linked": linked, "failed": failed}
+
+
+def link_scope(engine: Engine, install_id: str) -> tuple[str, str, str]:
+    """(owner key, namespace, destination object) of the links the children wait on."""
+    w = t.connector_work_item
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(
+                w.c.DependencyConnectorOwnerKey,
+                w.c.DependencyConnectorNamespace,
+                w.c.DependencyDestinationSlotId,
+            )
+            .where(w.c.InstalledPackId == install_id, w.c.State == "blocked")
+            .limit(1)
+        ).one()
+    return str(row[0]), str(row[1]), str(row[2])
+
+
+# -- the watcher ---------------------------------------------------------------
+
+
+class Watcher:
+    """First-seen moments (``time.perf_counter``) of parents' links and children's states.
+
+    :meth:`expect` adds parents (by ordinal ``k``) before they are enqueued;
+    each :meth:`tick` reads, by primary key, the links of the expected parents
+    not seen yet (``link_seen``), then the state of their children not done
+    yet (``woken``: first seen out of ``blocked``; ``done``: first seen
+    ``succeeded``; ``failed``). A moment is the start of the query that first
+    returned it. A child seen done before its link (the link committed
+    between the two queries of one tick) gets that query's start as its link.
+    """
+
+    def __init__(
+        self, engine: Engine, scope: tuple[str, str, str], child_ids: dict[int, str]
+    ) -> None:
+        self.engine = engine
+        self.scope = scope
+        self.child_ids = child_ids
+        self.by_work_id = {w: k for k, w in child_ids.items()}
+        self.link_seen: dict[int, float] = {}
+        self.woken: dict[int, float] = {}
+        self.done: dict[int, float] = {}
+        self.failed: set[int] = set()
+        self.ticks = 0
+        self.tick_seconds = 0.0
+        self._links: set[int] = set()
+        self._children: set[int] = set()
+        self._lock = threading.Lock()
+
+    def expect(self, ks: Sequence[int]) -> None:
+        """Watch the parents ``ks`` (before they are enqueued)."""
+        with self._lock:
+            self._links.update(ks)
+            self._children.update(ks)
+
+    @property
+    def outstanding(self) -> int:
+        """Expected children neither done nor failed yet."""
+        with self._lock:
+            return len(self._children)
+
+    def tick(self) -> None:
+        """One round of reads (runs in a thread)."""
+        owner, namespace, obj = self.scope
+        rl, w = t.connector_remote_link, t.connector_work_item
+        with self._lock:
+            links = sorted(self._links)
+            children = sorted(self._children)
+        start = time.perf_counter()
+        with self.engine.connect() as conn:
+            seen_links: list[str] = []
+            at_links = time.perf_counter()
+            for i in range(0, len(links), _CHUNK):
+                ids = [f"a{k}" for k in links[i : i + _CHUNK]]
+                seen_links.extend(
+                    conn.execute(
+                        select(rl.c.RemoteId).where(
+                            rl.c.ConnectorOwnerKey == owner,
+                            rl.c.Namespace == namespace,
+                            rl.c.DestinationObject == obj,
+                            rl.c.RemoteId.in_(ids),
+                        )
+                    ).scalars()
+                )
+            at_children = time.perf_counter()
+            states: list[tuple[str, str]] = []
+            for i in range(0, len(children), _CHUNK):
+                ids = [self.child_ids[k] for k in children[i : i + _CHUNK]]
+                states.extend(
+                    (r[0], r[1])
+                    for r in conn.execute(
+                        select(w.c.WorkId, w.c.State).where(w.c.WorkId.in_(ids))
+                    ).all()
+                )
+        with self._lock:
+            for remote_id in seen_links:
+                k = int(remote_id[1:])
+                self.link_seen.setdefault(k, at_links)
+                self._links.discard(k)
+            for work_id, state in states:
+                k = self.by_work_id[work_id]
+                if state != "blocked":
+                    self.woken.setdefault(k, at_children)
+                if state in ("succeeded", "failed"):
+                    self.link_seen.setdefault(k, at_children)
+                    self._links.discard(k)
+                    self._children.discard(k)
+                    if state == "succeeded":
+                        self.done[k] = at_children
+                    else:
+                        self.failed.add(k)
+        self.ticks += 1
+        self.tick_seconds += time.perf_counter() - start
+
+    async def run(self, every: float, stop: asyncio.Event) -> None:
+        """Tick every ``every`` seconds (start to start) until ``stop``."""
+        while not stop.is_set():
+            began = time.perf_counter()
+            await asyncio.to_thread(self.tick)
+            await asyncio.sleep(max(0.0, every - (time.perf_counter() - began)))
+        await asyncio.to_thread(self.tick)
+
+
+# -- figures -------------------------------------------------------------------
+
+
+def stats_ms(seconds: Sequence[float]) -> dict[str, Any]:
+    """Median, p99 (nearest rank), max and count of ``seconds``, in milliseconds."""
+    if not seconds:
+        return {"count": 0, "median": None, "p99": None, "max": None}
+    ms = sorted(x * 1000 for x in seconds)
+    p99 = ms[min(len(ms) - 1, max(0, -(-99 * len(ms) // 100) - 1))]
+    return {
+        "count": len(ms),
+        "median": round(statistics.median(ms), 1),
+        "p99": round(p99, 1),
+        "max": round(ms[-1], 1),
+    }
+
+
+def _rss_mib(proc: psutil.Process | None) -> float | None:
+    return None if proc is None else round(proc.memory_info().rss / 2**20, 1)
+
+
+def _cpu_s(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def temporal_server() -> psutil.Process | None:
+    """The Temporal dev server this process started (a child running the ``temporal`` binary)."""
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name().startswith("temporal"):
+                return p
+    return None
+
+
+def database_server() -> psutil.Process | None:
+    """The local MariaDB/MySQL server process, if one runs (shared with other users)."""
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("mariadbd", "mysqld"):
+            return p
+    return None
+
+
+class _Counting:
+    """Counts the probes (``IdentityActivities._resolve_bounded``) and recovery's
+    signal-with-starts (``start_wait``) run in this process while entered."""
+
+    def __init__(self) -> None:
+        self.probes = 0
+        self.starts = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        real_resolve = identity_acts.IdentityActivities._resolve_bounded
+        real_start = identity_acts.start_wait
+
+        def resolve(
+            inner: identity_acts.IdentityActivities, dep: Dependency, timeout: float
+        ) -> bool:
+            with self._lock:
+                self.probes += 1
+            return real_resolve(inner, dep, timeout)
+
+        async def start(*args: Any, **kw: Any) -> None:
+            self.starts += 1
+            await real_start(*args, **kw)
+
+        identity_acts.IdentityActivities._resolve_bounded = resolve  # type: ignore[method-assign,assignment]
+        identity_acts.start_wait = start
+        try:
+            yield
+        finally:
+            identity_acts.IdentityActivities._resolve_bounded = real_resolve  # type: ignore[method-assign]
+            identity_acts.start_wait = real_start
+
+
+# -- designs -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def poll_design() -> Iterator[None]:
+    """The seed's polled design in this process: no wait is started or signalled, no
+    wake by the notify or by the batch after its commits (only the poll loop wakes)."""
+
+    async def no_start(*_a: object, **_k: object) -> None:
+        return None
+
+    async def no_signal(*_a: object, **_k: object) -> bool:
+        return False
+
+    def no_wake_linked(*_a: object, **_k: object) -> None:
+        return None
+
+    def no_wake_resolved(
+        engine: Engine,
+        blocked: list[BlockedWait],
+        outcome: BatchOutcome,
+        on_woken: queue.WokenHook | None = None,
+    ) -> list[BlockedWait]:
+        return blocked
+
+    saved = (
+        identity_acts.start_wait,
+        identity_acts.signal_wake,
+        processor_mod.wake_linked,
+        processor_mod.wake_resolved,
+    )
+    identity_acts.start_wait = no_start
+    identity_acts.signal_wake = no_signal
+    processor_mod.wake_linked = no_wake_linked
+    processor_mod.wake_resolved = no_wake_resolved
+    identity_acts.IdentityActivities.direct_wake = False
+    try:
+        yield
+    finally:
+        (
+            identity_acts.start_wait,
+            identity_acts.signal_wake,
+            processor_mod.wake_linked,
+            processor_mod.wake_resolved,
+        ) = saved
+        identity_acts.IdentityActivities.direct_wake = True
+
+
+async def poll_loop(engine: Engine, client: Client, settings: Settings, every: float) -> None:
+    """The seed's polled scan, every ``every`` s: blocked rows whose remote link now
+    exists -> ``pending`` (one transaction), then the fleet ``wake`` for their packs."""
+    w = t.connector_work_item
+    query = select(w.c.DependencyKeyHash).where(w.c.State == "blocked", _linked()).distinct()
+
+    def scan() -> set[str]:
+        with engine.connect() as conn:
+            keys = [r[0] for r in conn.execute(query)]
+        return set(queue.wake_blocked_keys(engine, keys)) if keys else set()
+
     while True:
         await asyncio.sleep(every)
-
-        def scan() -> set[str]:
-            with engine.connect() as conn:
-                keys = [r[0] for r in conn.execute(query)]
-            return set(queue.wake_blocked_keys(engine, keys))  # one transaction
-
         for install_id in sorted(await asyncio.to_thread(scan)):
             await signal_fleet(client, settings, "wake", install_id)
 
 
-async def watch(
-    engine: Engine,
-    lanes: dict[str, str],
-    seen: dict[str, float],
-    woken: dict[str, float],
-    stop: asyncio.Event,
-) -> None:
-    """Record when each item (by source id) is first seen succeeded, and when each
-    child is first seen out of ``blocked`` (woken), every 50 ms."""
-    w = t.connector_work_item
-    query = select(w.c.SourceLaneKey, w.c.State).where(w.c.State != "blocked")
-
-    def rows() -> list[tuple[str, str]]:
-        with engine.connect() as conn:
-            return [(lanes[r[0]], r[1]) for r in conn.execute(query) if r[0] in lanes]
-
-    while not stop.is_set():
-        got = await asyncio.to_thread(rows)
-        now = time.perf_counter()
-        for sid, state in got:
-            if sid.startswith("c"):
-                woken.setdefault(sid, now)
-            if state == "succeeded":
-                seen.setdefault(sid, now)
-        await asyncio.sleep(WATCH_S)
+# -- one run -------------------------------------------------------------------
 
 
-async def until(pred_desc: str, pred: object, timeout: float | None = None) -> None:
-    deadline = time.perf_counter() + (PHASE_TIMEOUT_S if timeout is None else timeout)
-    while not await asyncio.to_thread(pred):  # type: ignore[arg-type]
+@dataclass
+class Ctx:
+    """One (backend, mode, design) run's database, pack and events."""
+
+    env: WorkflowEnvironment
+    args: argparse.Namespace
+    backend: str
+    design: str
+    settings: Settings
+    engine: Engine
+    install_id: str
+    children: list[queue.EnqueueRequest]
+    parents: list[queue.EnqueueRequest]
+    child_ids: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.children)
+
+    def waits_query(self) -> str:
+        return (
+            f"WorkflowType = 'IdentityWait' AND NexusDatabase = '{self.settings.database_id}'"
+            " AND ExecutionStatus = 'Running'"
+        )
+
+    async def running_waits(self) -> int:
+        return (await self.env.client.count_workflows(self.waits_query())).count
+
+
+async def until(
+    desc: str, pred: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.1
+) -> bool:
+    """Await ``pred()`` every ``every`` s until true; False (printed) after ``timeout`` s."""
+    deadline = time.perf_counter() + timeout
+    while not await pred():
         if time.perf_counter() > deadline:
-            raise TimeoutError(f"timed out waiting for {pred_desc}")
-        await asyncio.sleep(0.1)
+            print(f"  timed out after {timeout:.0f} s waiting for {desc}", flush=True)
+            return False
+        await asyncio.sleep(every)
+    return True
 
 
-async def run(
+async def park(ctx: Ctx) -> float:
+    """Enqueue the N children; seconds until all are blocked and (waits) N waits run."""
+    start = time.perf_counter()
+    await enqueue(ctx, ctx.children)
+    w = t.connector_work_item
+    lanes = {
+        queue.lane_key(e.namespace, e.source_object, e.source_id): k
+        for k, e in enumerate(ctx.children)
+    }
+    with ctx.engine.connect() as conn:
+        for work_id, lane in conn.execute(
+            select(w.c.WorkId, w.c.SourceLaneKey).where(w.c.InstalledPackId == ctx.install_id)
+        ):
+            if lane in lanes:
+                ctx.child_ids[lanes[lane]] = work_id
+    timeout = ctx.args.phase_timeout
+
+    async def all_blocked() -> bool:
+        n = await asyncio.to_thread(count_items, ctx.engine, ctx.install_id, "blocked")
+        return n >= ctx.n
+
+    async def all_waiting() -> bool:
+        return await ctx.running_waits() >= ctx.n
+
+    ok = await until(f"{ctx.n} blocked", all_blocked, timeout)
+    if ok and ctx.design == "waits":
+        ok = await until(f"{ctx.n} waits running", all_waiting, timeout, every=0.25)
+    if not ok:
+        raise TimeoutError(f"{ctx.backend} {ctx.design}: the {ctx.n} children never all parked")
+    return time.perf_counter() - start
+
+
+def enqueue_all(engine: Engine, events: list[queue.EnqueueRequest]) -> None:
+    """Enqueue ``events`` in transactions of 5000."""
+    for start in range(0, len(events), 5000):
+        queue.enqueue(engine, events[start : start + 5000])
+
+
+async def enqueue(ctx: Ctx, events: list[queue.EnqueueRequest]) -> None:
+    """Enqueue ``events``, then signal the fleet ``wake`` as ``nexusctl events enqueue`` does."""
+    await asyncio.to_thread(enqueue_all, ctx.engine, events)
+    await signal_fleet(ctx.env.client, ctx.settings, "wake", ctx.install_id)
+
+
+async def latency_mode(ctx: Ctx, mode: str) -> dict[str, Any]:
+    """``steady`` or ``bulk``: parents enqueued, link -> child succeeded per child."""
+    args = ctx.args
+    park_s = await park(ctx)
+    watcher = Watcher(ctx.engine, link_scope(ctx.engine, ctx.install_id), ctx.child_ids)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(args.watch_ms / 1000, stop))
+    enqueued: dict[int, float] = {}
+    start = time.perf_counter()
+    if mode == "steady":
+        for k, event in enumerate(ctx.parents):
+            await asyncio.sleep(max(0.0, start + k / args.rate - time.perf_counter()))
+            watcher.expect([k])
+            enqueued[k] = time.perf_counter()
+            await enqueue(ctx, [event])
+        enqueue_s = time.perf_counter() - start
+    else:
+        watcher.expect(range(ctx.n))
+        enqueued = dict.fromkeys(range(ctx.n), start)
+        await enqueue(ctx, ctx.parents)
+        enqueue_s = time.perf_counter() - start
+
+    async def all_done() -> bool:
+        return watcher.outstanding == 0
+
+    complete = await until(f"{ctx.n} children succeeded", all_done, args.phase_timeout)
+    all_done_s = time.perf_counter() - start
+    stop.set()
+    await task
+    done = watcher.done
+    lat = [done[k] - watcher.link_seen[k] for k in done]
+    wake = [
+        watcher.woken[k] - watcher.link_seen[k] for k in watcher.woken if k in watcher.link_seen
+    ]
+    parent = [watcher.link_seen[k] - enqueued[k] for k in watcher.link_seen if k in enqueued]
+    out: dict[str, Any] = {
+        "n": ctx.n,
+        "park_s": round(park_s, 2),
+        "latency_ms": stats_ms(lat),
+        "link_to_woken_ms": stats_ms(wake),
+        "enqueue_to_link_ms": stats_ms(parent),
+        "complete": complete,
+        "children_done": len(done),
+        "watch_tick_ms": round(1000 * watcher.tick_seconds / max(1, watcher.ticks), 2),
+    }
+    if mode == "steady":
+        out["rate"] = args.rate
+        out["achieved_rate"] = round((ctx.n - 1) / enqueue_s, 2) if ctx.n > 1 else None
+    else:
+        out["enqueue_s"] = round(enqueue_s, 2)
+        out["all_done_s"] = round(all_done_s, 2) if complete else None
+    out.update(await asyncio.to_thread(leftovers, ctx.engine, ctx.install_id))
+    return out
+
+
+async def parked_mode(ctx: Ctx) -> dict[str, Any]:
+    """``parked``: park N, idle, then wake all N at once."""
+    args = ctx.args
+    server = temporal_server()
+    db = database_server() if ctx.backend == "mysql" else None
+    me = psutil.Process()
+    rss_before = _rss_mib(server)
+    park_s = await park(ctx)
+    rss_parked = _rss_mib(server)
+    await asyncio.sleep(args.idle_after)
+    counter = _Counting()
+    with counter.counting():
+        cpu0 = (_cpu_s(me), _cpu_s(server), _cpu_s(db))
+        t0 = time.perf_counter()
+        await asyncio.sleep(args.idle)
+        cpu1 = (_cpu_s(me), _cpu_s(server), _cpu_s(db))
+        wall = time.perf_counter() - t0
+    running = await ctx.running_waits() if ctx.design == "waits" else 0
+
+    def pct(i: int) -> float:
+        return round(100 * (cpu1[i] - cpu0[i]) / wall, 2)
+
+    idle: dict[str, Any] = {
+        "seconds": round(wall, 1),
+        "after_s": args.idle_after,
+        "worker_cpu_pct": pct(0),
+        "server_cpu_pct": pct(1),
+        "worker_rss_mib": _rss_mib(me),
+        "server_rss_mib": _rss_mib(server),
+        "probes": counter.probes,
+        "probes_per_s": round(counter.probes / wall, 2),
+        "recovery_starts": counter.starts,
+        "waits_running": running,
+    }
+    if db is not None:
+        idle["database_cpu_pct"] = pct(2)
+    rss_idle = idle["server_rss_mib"]
+    start = time.perf_counter()
+    await enqueue(ctx, ctx.parents)
+
+    async def all_succeeded() -> bool:
+        n = await asyncio.to_thread(count_items, ctx.engine, ctx.install_id, "succeeded")
+        return n >= 2 * ctx.n
+
+    complete = await until(f"{2 * ctx.n} succeeded", all_succeeded, args.phase_timeout, 0.25)
+    wake_all_s = time.perf_counter() - start
+    out: dict[str, Any] = {
+        "n": ctx.n,
+        "park_s": round(park_s, 2),
+        "server_rss_before_mib": rss_before,
+        "server_rss_parked_mib": rss_parked,
+        "server_rss_growth_mib": (
+            round(rss_idle - rss_before, 1) if rss_idle is not None and rss_before else None
+        ),
+        "idle": idle,
+        "wake_all_s": round(wake_all_s, 2) if complete else None,
+        "complete": complete,
+        "worker_rss_after_mib": _rss_mib(me),
+    }
+    out.update(await asyncio.to_thread(leftovers, ctx.engine, ctx.install_id))
+    return out
+
+
+async def one_run(
     env: WorkflowEnvironment,
+    args: argparse.Namespace,
+    backend: str,
     url: str,
-    n: int,
+    mode: str,
     design: str,
-    poll_s: float,
-    idle_s: float = 0.0,
-    idle_after_s: float = 0.0,
-) -> list[float]:
+) -> dict[str, Any]:
+    """Install, start the worker and fleet (and the poll loop), run ``mode``, stop."""
     settings = Settings(database_url=url, NEXUS_DATABASE_ID=f"bi-{uuid.uuid4().hex[:8]}")
     catalog.CACHE.invalidate()
     await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
-    children, parents = children_and_parents(pack.install_id, pack.namespace, n)
-    queue.enqueue(engine, children)
-    seen: dict[str, float] = {}
-    woken: dict[str, float] = {}
-    stop = asyncio.Event()
+    children, parents = children_and_parents(pack.install_id, pack.namespace, args.n)
+    ctx = Ctx(env, args, backend, design, settings, engine, pack.install_id, children, parents)
     fleet_input = FleetInput(
         database_id=settings.database_id,
-        reconcile_interval_seconds=5,
-        idle_seconds=0.5,
         drain_timeout_seconds=5,
+        identity_recovery=design == "waits",
     )
-    async with build_connector_worker(env.client, settings):
-        fleet = await start_fleet(env.client, settings, fleet_input)
-        await until(f"{n} blocked", lambda: count_state(engine, "blocked") >= n)
-        if design == "waits":
-            query = (
-                f"WorkflowType = 'IdentityWait' AND NexusDatabase = '{settings.database_id}'"
-                " AND ExecutionStatus = 'Running'"
-            )
-            deadline = time.perf_counter() + PHASE_TIMEOUT_S
-            while (await env.client.count_workflows(query)).count < n:
-                if time.perf_counter() > deadline:
-                    raise TimeoutError("waits never all registered")
-                await asyncio.sleep(0.2)
-            if idle_s > 0:
-                await measure_idle(env, query, idle_s, idle_after_s)
-        poller = (
-            asyncio.create_task(poll_loop(engine, env.client, settings, poll_s))
-            if design == "poll"
-            else None
-        )
-        lanes = {
-            queue.lane_key(e.namespace, e.source_object, e.source_id): e.source_id
-            for e in children + parents
-        }
-        watcher = asyncio.create_task(watch(engine, lanes, seen, woken, stop))
-        queue.enqueue(engine, parents)
-        await until(f"{2 * n} succeeded", lambda: count_state(engine, "succeeded") >= 2 * n)
-        await asyncio.sleep(2 * WATCH_S)
-        stop.set()
-        await watcher
-        if poller:
-            poller.cancel()
-        await fleet.signal("stop")
-        await fleet.result()
-    engine.dispose()
-    wake = [woken[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
-    print(f"  (of which parent succeeded -> child woken: {summary(wake)})", flush=True)
-    return [seen[f"c{k}"] - seen[f"a{k}"] for k in range(n)]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` from /proc (Linux), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _server_pid() -> int:
-    """The dev server: the child process of this one running the temporal binary."""
-    me = str(os.getpid())
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
-        except OSError:
-            continue
-        if stat[1] == me and "temporal" in Path(cmd).name:
-            return int(proc.name)
-    raise RuntimeError("dev server process not found")
-
-
-class _Counter:
-    """Counts ``identity_acts.start_wait`` calls (signal-with-starts) in this process."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.real = identity_acts.start_wait
-
-    async def __call__(self, *args: Any, **kw: Any) -> None:
-        self.calls += 1
-        await self.real(*args, **kw)
-
-
-async def measure_idle(env: WorkflowEnvironment, query: str, idle_s: float, after_s: float) -> None:
-    """``idle_s`` seconds with N parked waits and nothing to do, after ``after_s`` seconds
-    (past the 60 s block grace, so fleet recovery looks at every blocked row).
-
-    Prints recovery's signal-with-starts per second (counted in this process),
-    the worker's (this process) and the dev server's CPU in % of one core, RSS.
-    """
-    await asyncio.sleep(after_s)
-    counter = _Counter()
-    identity_acts.start_wait = counter
-    server = _server_pid()
     try:
-        w0, s0, t0 = time.process_time(), _cpu_seconds(server), time.perf_counter()
-        await asyncio.sleep(idle_s)
-        w1, s1, t1 = time.process_time(), _cpu_seconds(server), time.perf_counter()
+        with poll_design() if design == "poll" else contextlib.nullcontext():
+            async with build_connector_worker(env.client, settings):
+                fleet = await start_fleet(env.client, settings, fleet_input)
+                poller = (
+                    asyncio.create_task(poll_loop(engine, env.client, settings, args.poll_seconds))
+                    if design == "poll"
+                    else None
+                )
+                try:
+                    if mode == "parked":
+                        return await parked_mode(ctx)
+                    return await latency_mode(ctx, mode)
+                finally:
+                    if poller is not None:
+                        poller.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await poller
+                    await fleet.signal("stop")
+                    await fleet.result()
     finally:
-        identity_acts.start_wait = counter.real
-    wall = t1 - t0
-    running = (await env.client.count_workflows(query)).count
-    print(
-        f"  idle {wall:.0f} s with {running} running waits: recovery signal-with-starts "
-        f"{counter.calls} ({counter.calls / wall:.2f}/s); CPU worker {100 * (w1 - w0) / wall:.1f} %"
-        f", server {100 * (s1 - s0) / wall:.1f} % of a core; RSS worker "
-        f"{_rss_mib(os.getpid()):.0f} MiB, server {_rss_mib(server):.0f} MiB",
-        flush=True,
+        engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(
+    backend: str, mysql_url: str | None, tmp: str
+) -> AsyncIterator[tuple[str, str | None]]:
+    """A new empty database of ``backend`` (``nexus_b_<random>`` on MySQL), dropped
+    afterwards; yields its URL and server version."""
+    if backend == "sqlite":
+        path = Path(tmp) / f"bench-{uuid.uuid4().hex[:8]}.db"
+        try:
+            yield f"sqlite:///{path}", None
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    assert mysql_url is not None
+    name = f"nexus_b_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(mysql_url)
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+            version = str(conn.execute(text("SELECT VERSION()")).scalar())
+        try:
+            yield (
+                make_url(mysql_url).set(database=name).render_as_string(hide_password=False),
+                version,
+            )
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+    finally:
+        admin.dispose()
+
+
+# -- report --------------------------------------------------------------------
+
+
+def describe(backend: str, mode: str, design: str, r: dict[str, Any]) -> str:
+    """One line of a run's headline figures."""
+    head = f"{backend:<6} {mode:<6} {design:<5} n={r['n']}"
+    if mode == "parked":
+        i = r["idle"]
+        return (
+            f"{head}: park {r['park_s']:.1f} s; idle {i['seconds']:.0f} s: CPU worker "
+            f"{i['worker_cpu_pct']:.1f} %, server {i['server_cpu_pct']:.1f} % of a core, "
+            f"RSS worker {i['worker_rss_mib']:.0f} MiB, server {i['server_rss_mib']:.0f} MiB "
+            f"(+{r['server_rss_growth_mib']} MiB), probes {i['probes_per_s']}/s; wake all "
+            f"{r['wake_all_s']} s; left blocked {r['left_blocked']}"
+        )
+    lat, wake = r["latency_ms"], r["link_to_woken_ms"]
+    extra = (
+        f"rate {r['achieved_rate']}/s"
+        if mode == "steady"
+        else f"all done {r['all_done_s']} s after the enqueue"
+    )
+    return (
+        f"{head}: link -> child succeeded median {lat['median']} ms, p99 {lat['p99']} ms, "
+        f"max {lat['max']} ms (-> woken median {wake['median']} ms); {extra}; "
+        f"left blocked {r['left_blocked']}"
     )
 
 
-def summary(lat: list[float]) -> str:
-    ms = sorted(x * 1000 for x in lat)
-    p99 = ms[min(len(ms) - 1, round(0.99 * len(ms)) - 1)]
-    return f"median {statistics.median(ms):,.0f} ms, p99 {p99:,.0f} ms, max {ms[-1]:,.0f} ms"
+def verdicts(runs: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """The ``waits`` design of one backend against :data:`TARGETS`."""
+    out: dict[str, bool] = {}
+    steady = runs.get("steady", {}).get("waits")
+    if steady and steady["latency_ms"]["count"]:
+        out["steady_median"] = steady["latency_ms"]["median"] < TARGETS["steady_median_ms"]
+        out["steady_p99"] = steady["latency_ms"]["p99"] < TARGETS["steady_p99_ms"]
+    parked = runs.get("parked", {}).get("waits")
+    if parked:
+        cap = TARGETS["parked_idle_cpu_pct_of_core"]
+        out["parked_worker_idle_cpu"] = parked["idle"]["worker_cpu_pct"] < cap
+        out["parked_server_idle_cpu"] = parked["idle"]["server_cpu_pct"] < cap
+        rss = parked["idle"]["worker_rss_mib"]
+        out["parked_worker_rss"] = rss < TARGETS["parked_worker_rss_mib"]
+        wake = parked["wake_all_s"]
+        out["parked_all_woken_in_time"] = (
+            wake is not None and wake < TARGETS["parked_wake_all_s"] and parked["left_blocked"] == 0
+        )
+    return out
 
 
-async def main() -> None:
-    global PHASE_TIMEOUT_S
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=1000)
-    parser.add_argument("--poll-seconds", type=float, default=5.0)
-    parser.add_argument("--mysql-url")
+FIGURES = {
+    "steady": ("latency_ms.median", "latency_ms.p99", "link_to_woken_ms.median"),
+    "bulk": ("latency_ms.median", "latency_ms.p99", "all_done_s"),
+    "parked": (
+        "park_s",
+        "idle.worker_cpu_pct",
+        "idle.server_cpu_pct",
+        "idle.worker_rss_mib",
+        "idle.server_rss_mib",
+        "server_rss_growth_mib",
+        "wake_all_s",
+    ),
+}
+"""The figures compared with the previous results file, per mode (dotted paths)."""
+
+
+def _figure(run: dict[str, Any], path: str) -> float | None:
+    value: Any = run
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _comparable(old: dict[str, Any], new: dict[str, Any], mode: str) -> bool:
+    if old.get("n") != new.get("n"):
+        return False
+    if mode == "steady":
+        return old.get("rate") == new.get("rate") and old.get("watch_ms") == new.get("watch_ms")
+    if mode == "parked":
+        return old.get("idle") == new.get("idle") and old.get("idle_after") == new.get("idle_after")
+    return old.get("watch_ms") == new.get("watch_ms")
+
+
+def compare_with_previous(path: Path, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The regression guard: print each figure against the results file's last run.
+
+    ``path`` is the results file this run is about to overwrite. A figure of
+    :data:`FIGURES` is compared when the old file has the same backend, mode
+    and design, run with the same ``n`` (and ``rate`` and ``watch_ms`` for
+    ``steady``, ``idle`` and ``idle_after`` for ``parked``). Returns ``{"date",
+    "command", "figures": {"<backend>/<mode>/<design>/<figure>": [before, now,
+    change %]}}``; ``None`` when there is no earlier file (or it is not valid
+    JSON) or nothing comparable.
+    """
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    changes: dict[str, list[float | None]] = {}
+    for backend, modes in result["backends"].items():
+        for mode, designs in modes.items():
+            if not _comparable(old.get("settings", {}), result["settings"], mode):
+                continue
+            for design, run in designs.items():
+                before_run = old.get("backends", {}).get(backend, {}).get(mode, {}).get(design)
+                if not isinstance(before_run, dict):
+                    continue
+                for fig in FIGURES[mode]:
+                    before, now = _figure(before_run, fig), _figure(run, fig)
+                    if before is None or now is None:
+                        continue
+                    pct = round(100 * (now / before - 1), 1) if before else None
+                    key = f"{backend}/{mode}/{design}/{fig}"
+                    changes[key] = [before, now, pct]
+                    change = f"{pct:+.0f} %" if pct is not None else "n/a"
+                    print(
+                        f"against {old.get('date', '?')}: {key:<44} {before:>10,.1f} -> "
+                        f"{now:>10,.1f} ({change})"
+                    )
+    if not changes:
+        return None
+    return {"date": old.get("date"), "command": old.get("command"), "figures": changes}
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory, Python, platform and the 1/5/15 min load when the run started."""
+    return {
+        "cores": psutil.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# -- entry points --------------------------------------------------------------
+
+
+def _csv(
+    value: str, allowed: Sequence[str], flag: str, parser: argparse.ArgumentParser
+) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        parser.error(f"{flag}: choose from {','.join(allowed)} (got {value!r})")
+    return items
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring); ``argv`` kept as ``args.argv``."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--idle",
-        type=float,
-        default=0.0,
-        help="seconds of idle measurement with the N waits parked (waits design; 0: none)",
-    )
-    parser.add_argument(
-        "--idle-after", type=float, default=70.0, help="seconds parked before the idle measurement"
+        "--modes", "--mode", default="steady,bulk", help="comma-separated: steady,bulk,parked"
     )
     parser.add_argument("--designs", default="waits,poll", help="comma-separated: waits,poll")
-    parser.add_argument("--phase-timeout", type=float, default=150.0, help="seconds per phase")
-    args = parser.parse_args()
-    PHASE_TIMEOUT_S = args.phase_timeout
+    parser.add_argument("--n", type=int, default=1000, help="children (and parents)")
+    parser.add_argument("--rate", type=float, default=20.0, help="steady: parents enqueued per s")
+    parser.add_argument("--poll-seconds", type=float, default=5.0, help="poll design's interval")
+    parser.add_argument("--watch-ms", type=float, default=20.0, help="watcher interval (ms)")
+    parser.add_argument("--idle", type=float, default=60.0, help="parked: idle seconds measured")
+    parser.add_argument(
+        "--idle-after", type=float, default=70.0, help="parked: seconds parked before the idle"
+    )
+    parser.add_argument("--phase-timeout", type=float, default=300.0, help="seconds per phase")
+    parser.add_argument("--backends", default=None, help="sqlite,mysql (mysql needs --mysql-url)")
+    parser.add_argument("--mysql-url")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.modes = _csv(args.modes, MODES, "--modes", parser)
+    args.designs = _csv(args.designs, DESIGNS, "--designs", parser)
+    default_backends = "sqlite,mysql" if args.mysql_url else "sqlite"
+    args.backends = _csv(args.backends or default_backends, BACKENDS, "--backends", parser)
+    if "mysql" in args.backends and not args.mysql_url:
+        parser.error("--backends mysql needs --mysql-url")
+    if args.n < 1 or args.rate <= 0 or args.poll_seconds <= 0 or args.watch_ms <= 0:
+        parser.error("--n, --rate, --poll-seconds and --watch-ms must be positive")
+    return args
+
+
+async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, Any]:
+    """Every backend, mode and design on ``env``; prints, writes and returns the JSON."""
+    settings = {
+        "n": args.n,
+        "rate": args.rate,
+        "poll_seconds": args.poll_seconds,
+        "watch_ms": args.watch_ms,
+        "idle": args.idle,
+        "idle_after": args.idle_after,
+        "modes": args.modes,
+        "designs": args.designs,
+    }
+    result: dict[str, Any] = {
+        "bench": "identity",
+        "command": " ".join(["python", "bench/bench_identity.py", *args.argv]),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": settings,
+        "targets": TARGETS,
+        "backends": {},
+        "verdicts": {},
+    }
+    print(f"command: {result['command']}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in args.backends:
+            runs: dict[str, dict[str, Any]] = {}
+            for mode in args.modes:
+                for design in args.designs:
+                    async with fresh_database(backend, args.mysql_url, tmp) as (url, version):
+                        if version:
+                            result["machine"]["database"] = version
+                        began = time.perf_counter()
+                        r = await one_run(env, args, backend, url, mode, design)
+                    r["run_s"] = round(time.perf_counter() - began, 1)
+                    runs.setdefault(mode, {})[design] = r
+                    print(describe(backend, mode, design, r), flush=True)
+                    if r["left_blocked_linked"]:
+                        print(
+                            f"  !! {r['left_blocked_linked']} children left blocked although "
+                            "their parent's link exists (lost wake)",
+                            flush=True,
+                        )
+            result["backends"][backend] = runs
+            result["verdicts"][backend] = verdicts(runs)
+            if result["verdicts"][backend]:
+                print(f"{backend} waits vs targets: {result['verdicts'][backend]}", flush=True)
+    result["previous"] = compare_with_previous(args.out, result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written {args.out}", flush=True)
+    return result
+
+
+async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Start a local dev server, :func:`run`, stop it."""
+    args = parse_args(argv)
     configure_logging("json", "ERROR")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
     )
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
     try:
-        tmp = tempfile.mkdtemp()
-        backends = ["sqlite"] + (["mysql"] if args.mysql_url else [])
-        for backend in backends:
-            for design in args.designs.split(","):
-                if backend == "sqlite":
-                    url = f"sqlite:///{tmp}/bench-{design}.db"
-                else:
-                    name = f"nexus_bi_{uuid.uuid4().hex[:8]}"
-                    with make_engine(args.mysql_url).begin() as conn:
-                        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-                    url = (
-                        make_url(args.mysql_url)
-                        .set(database=name)
-                        .render_as_string(hide_password=False)
-                    )
-                start = time.perf_counter()
-                try:
-                    if design == "poll":
-                        with waits_disabled():
-                            lat = await run(env, url, args.n, design, args.poll_seconds)
-                    else:
-                        lat = await run(
-                            env, url, args.n, design, args.poll_seconds, args.idle, args.idle_after
-                        )
-                finally:
-                    if backend == "mysql":
-                        with make_engine(url).begin() as conn:
-                            conn.execute(
-                                text(f"DROP DATABASE IF EXISTS `{make_url(url).database}`")
-                            )
-                label = (
-                    "IdentityWait wake" if design == "waits" else f"{args.poll_seconds:g} s poll"
-                )
-                print(
-                    f"{backend}: {args.n} children, {label}: parent succeeded -> child succeeded "
-                    f"{summary(lat)} (run {time.perf_counter() - start:.0f} s)",
-                    flush=True,
-                )
+        return await run(env, args)
     finally:
         await env.shutdown()
 
