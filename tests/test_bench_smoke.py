@@ -144,3 +144,63 @@ async def test_apply_all_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path
     assert again["date"] == written["date"] and again["same_sources"]
     assert len(again["changes"]) == len(bench.figures(written)) == 10
     assert {c["change_pct"] for c in again["changes"].values()} == {0.0}
+
+
+async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """The identity bench: steady, bulk and parked, waits and poll, on SQLite; every
+    child woken and done, the figures written, and compared with a previous file."""
+    bench = _bench("bench_identity")
+    out = tmp_path / "results" / "identity.json"
+    argv = [
+        "--n", "20", "--modes", "steady,bulk,parked", "--rate", "40", "--poll-seconds", "1",
+        "--idle", "1", "--idle-after", "0", "--out", str(out),
+    ]  # fmt: skip
+    result = await bench.run(temporal_env, bench.parse_args(argv))
+
+    written = json.loads(out.read_text())
+    assert written == json.loads(json.dumps(result))
+    assert {
+        "bench",
+        "command",
+        "date",
+        "machine",
+        "settings",
+        "targets",
+        "backends",
+        "verdicts",
+        "previous",
+    } <= set(written)
+    assert written["previous"] is None
+    assert written["command"].startswith("python bench/bench_identity.py --n 20")
+    assert {"cores", "memory_gib", "load_average"} <= set(written["machine"])
+    assert list(written["backends"]) == ["sqlite"]
+    runs = written["backends"]["sqlite"]
+    assert list(runs) == ["steady", "bulk", "parked"]
+    for mode, designs in runs.items():
+        assert list(designs) == ["waits", "poll"], mode
+        for design, run in designs.items():
+            assert run["n"] == 20 and run["complete"], (mode, design)
+            assert run["left_blocked"] == run["left_blocked_linked"] == run["failed"] == 0
+            assert run["park_s"] > 0
+            if mode == "parked":
+                assert run["wake_all_s"] > 0
+                assert {"server_rss_before_mib", "server_rss_growth_mib"} <= set(run)
+                idle = run["idle"]
+                for key in ("worker_cpu_pct", "server_cpu_pct", "worker_rss_mib"):
+                    assert idle[key] is not None, key
+                assert idle["server_rss_mib"] > 0
+                assert idle["waits_running"] == (20 if design == "waits" else 0)
+            else:
+                for key in ("latency_ms", "link_to_woken_ms", "enqueue_to_link_ms"):
+                    assert run[key]["count"] == 20, (mode, design, key)
+                    assert run[key]["median"] <= run[key]["p99"] <= run[key]["max"]
+    assert runs["steady"]["waits"]["rate"] == 40
+    assert runs["bulk"]["poll"]["all_done_s"] > 0
+    assert set(written["verdicts"]["sqlite"]) >= {"steady_median", "parked_worker_rss"}
+
+    # The next run compares each figure with this file.
+    previous = bench.compare_with_previous(out, result)
+    assert previous is not None and previous["date"] == written["date"]
+    key = "sqlite/steady/waits/latency_ms.median"
+    before = runs["steady"]["waits"]["latency_ms"]["median"]
+    assert previous["figures"][key] == [before, before, 0.0]
