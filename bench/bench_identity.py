@@ -52,7 +52,9 @@ Modes:
   ``blocked``.
 
 Every mode also counts, at its end, the children left ``blocked`` whose
-parent's link exists (``left_blocked_linked``): a lost wake, a runtime bug.
+parent's link exists (``left_blocked_linked``): a lost wake, a runtime bug;
+and in the waits design the ``IdentityWait`` workflows still running a second
+later (``waits_left_running``): each was woken and should have completed.
 
 Designs:
 
@@ -137,6 +139,7 @@ TARGETS = {
 
 _CHUNK = 500
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bench")
+SETTLE_S = 1.0
 ENQUEUES_IN_FLIGHT = 3
 """Steady mode: parent enqueues running at once, so that a slow one does not
 hold back the schedule (the bench's own threads, see :func:`off_loop`)."""
@@ -553,6 +556,16 @@ async def enqueue(ctx: Ctx, events: list[queue.EnqueueRequest]) -> None:
     await signal_fleet(ctx.env.client, ctx.settings, "wake", ctx.install_id)
 
 
+async def finish(ctx: Ctx) -> dict[str, Any]:
+    """:func:`leftovers`, and (waits design) the waits still running
+    :data:`SETTLE_S` after the last child: each one woken should have completed."""
+    out: dict[str, Any] = await off_loop(leftovers, ctx.engine, ctx.install_id)
+    if ctx.design == "waits":
+        await asyncio.sleep(SETTLE_S)
+        out["waits_left_running"] = await ctx.running_waits()
+    return out
+
+
 async def latency_mode(ctx: Ctx, mode: str) -> dict[str, Any]:
     """``steady`` or ``bulk``: parents enqueued, link -> child succeeded per child."""
     args = ctx.args
@@ -615,7 +628,7 @@ async def latency_mode(ctx: Ctx, mode: str) -> dict[str, Any]:
     else:
         out["enqueue_s"] = round(enqueue_s, 2)
         out["all_done_s"] = round(all_done_s, 2) if complete else None
-    out.update(await off_loop(leftovers, ctx.engine, ctx.install_id))
+    out.update(await finish(ctx))
     return out
 
 
@@ -678,7 +691,7 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
         "complete": complete,
         "worker_rss_after_mib": _rss_mib(me),
     }
-    out.update(await off_loop(leftovers, ctx.engine, ctx.install_id))
+    out.update(await finish(ctx))
     return out
 
 
@@ -977,6 +990,12 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
                     r["run_s"] = round(time.perf_counter() - began, 1)
                     runs.setdefault(mode, {})[design] = r
                     print(describe(backend, mode, design, r), flush=True)
+                    if r.get("waits_left_running"):
+                        print(
+                            f"  !! {r['waits_left_running']} IdentityWait workflows still run "
+                            f"{SETTLE_S:g} s after the last child succeeded",
+                            flush=True,
+                        )
                     if r["left_blocked_linked"]:
                         print(
                             f"  !! {r['left_blocked_linked']} children left blocked although "

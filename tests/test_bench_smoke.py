@@ -182,6 +182,7 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
             assert run["n"] == 20 and run["complete"], (mode, design)
             assert run["left_blocked"] == run["left_blocked_linked"] == run["failed"] == 0
             assert run["park_s"] > 0
+            assert ("waits_left_running" in run) == (design == "waits")
             if mode == "parked":
                 assert run["wake_all_s"] > 0
                 assert {"server_rss_before_mib", "server_rss_growth_mib"} <= set(run)
