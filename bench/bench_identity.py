@@ -70,6 +70,9 @@ Designs:
   them in one transaction and signals the fleet ``wake``. No runtime file
   changes.
 
+A run that fails (e.g. its children never all park within ``--phase-timeout``)
+is recorded as ``{"error": ...}`` and the others go on.
+
 Figures go to ``--out`` (``bench/results/identity.json``) per backend, mode and
 design, with the machine, the command, the date, the targets and each figure
 against the previous results file (``previous``). No figure is a test: a
@@ -140,6 +143,7 @@ TARGETS = {
 _CHUNK = 500
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bench")
 SETTLE_S = 1.0
+PROGRESS_S = 30.0
 ENQUEUES_IN_FLIGHT = 3
 """Steady mode: parent enqueues running at once, so that a slow one does not
 hold back the schedule (the bench's own threads, see :func:`off_loop`)."""
@@ -502,12 +506,19 @@ class Ctx:
 async def until(
     desc: str, pred: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.1
 ) -> bool:
-    """Await ``pred()`` every ``every`` s until true; False (printed) after ``timeout`` s."""
-    deadline = time.perf_counter() + timeout
+    """Await ``pred()`` every ``every`` s until true; False (printed) after ``timeout`` s.
+
+    Prints a line every :data:`PROGRESS_S` seconds while it waits."""
+    start = time.perf_counter()
+    report = start + PROGRESS_S
     while not await pred():
-        if time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if now > start + timeout:
             print(f"  timed out after {timeout:.0f} s waiting for {desc}", flush=True)
             return False
+        if now > report:
+            print(f"  still waiting for {desc} ({now - start:.0f} s)", flush=True)
+            report = now + PROGRESS_S
         await asyncio.sleep(every)
     return True
 
@@ -779,6 +790,8 @@ async def fresh_database(
 def describe(backend: str, mode: str, design: str, r: dict[str, Any]) -> str:
     """One line of a run's headline figures."""
     head = f"{backend:<6} {mode:<6} {design:<5} n={r['n']}"
+    if "error" in r:
+        return f"{head}: failed: {r['error']}"
     if mode == "parked":
         i = r["idle"]
         return (
@@ -805,11 +818,11 @@ def verdicts(runs: dict[str, dict[str, Any]]) -> dict[str, bool]:
     """The ``waits`` design of one backend against :data:`TARGETS`."""
     out: dict[str, bool] = {}
     steady = runs.get("steady", {}).get("waits")
-    if steady and steady["latency_ms"]["count"]:
+    if steady and "error" not in steady and steady["latency_ms"]["count"]:
         out["steady_median"] = steady["latency_ms"]["median"] < TARGETS["steady_median_ms"]
         out["steady_p99"] = steady["latency_ms"]["p99"] < TARGETS["steady_p99_ms"]
     parked = runs.get("parked", {}).get("waits")
-    if parked:
+    if parked and "error" not in parked:
         cap = TARGETS["parked_idle_cpu_pct_of_core"]
         out["parked_worker_idle_cpu"] = parked["idle"]["worker_cpu_pct"] < cap
         out["parked_server_idle_cpu"] = parked["idle"]["server_cpu_pct"] < cap
@@ -937,7 +950,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--idle-after", type=float, default=70.0, help="parked: seconds parked before the idle"
     )
-    parser.add_argument("--phase-timeout", type=float, default=300.0, help="seconds per phase")
+    parser.add_argument(
+        "--phase-timeout", type=float, default=900.0, help="seconds per phase (park, wake)"
+    )
     parser.add_argument("--backends", default=None, help="sqlite,mysql (mysql needs --mysql-url)")
     parser.add_argument("--mysql-url")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -986,7 +1001,10 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
                         if version:
                             result["machine"]["database"] = version
                         began = time.perf_counter()
-                        r = await one_run(env, args, backend, url, mode, design)
+                        try:
+                            r = await one_run(env, args, backend, url, mode, design)
+                        except Exception as exc:  # recorded; the other runs go on
+                            r = {"n": args.n, "error": f"{type(exc).__name__}: {exc}"}
                     r["run_s"] = round(time.perf_counter() - began, 1)
                     runs.setdefault(mode, {})[design] = r
                     print(describe(backend, mode, design, r), flush=True)
@@ -996,7 +1014,7 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
                             f"{SETTLE_S:g} s after the last child succeeded",
                             flush=True,
                         )
-                    if r["left_blocked_linked"]:
+                    if r.get("left_blocked_linked"):
                         print(
                             f"  !! {r['left_blocked_linked']} children left blocked although "
                             "their parent's link exists (lost wake)",

@@ -179,6 +179,7 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
     for mode, designs in runs.items():
         assert list(designs) == ["waits", "poll"], mode
         for design, run in designs.items():
+            assert "error" not in run, run
             assert run["n"] == 20 and run["complete"], (mode, design)
             assert run["left_blocked"] == run["left_blocked_linked"] == run["failed"] == 0
             assert run["park_s"] > 0
