@@ -40,13 +40,14 @@ Modes:
   bench), plus the time from that enqueue to all N children succeeded.
 * ``parked``: the seconds to park all N (enqueue -> N blocked and, waits
   design, N waits running); then ``--idle-after`` seconds (default 70: past
-  the 60 s block grace, so fleet recovery looks at every blocked row and the
-  waits' probe intervals have grown to their 60 s cap), then ``--idle`` s of
-  idle: CPU in % of one core and RSS of the worker (this process: the worker,
-  its activities, the poll loop of the poll design) and of the dev server
-  (and the database server's CPU on MariaDB/MySQL, which is shared: it
-  counts whatever else runs on it), probes and recovery signal-with-starts
-  run in this process; the dev server's RSS growth from before the children
+  the 60 s block grace, so fleet recovery has looked at every blocked row,
+  and the waits' probe intervals, 5 s doubling, have grown to 40-60 s), then
+  ``--idle`` s of idle: CPU in % of one core and RSS of the worker (this
+  process: the worker, its activities, the poll loop of the poll design)
+  and of the dev server (a child process of this one, else the process on
+  its port), the database server's CPU on MariaDB/MySQL (shared: it counts
+  whatever else runs on it), the probes and recovery signal-with-starts run
+  in this process; the dev server's RSS growth since before the children
   were enqueued; then all N parents enqueued at once: the seconds until all
   N children succeeded (counted in the database) and how many are left
   ``blocked``.
@@ -355,12 +356,19 @@ def _cpu_s(proc: psutil.Process | None) -> float:
     return float(times.user + times.system)
 
 
-def temporal_server() -> psutil.Process | None:
-    """The Temporal dev server this process started (a child running the ``temporal`` binary)."""
+def temporal_server(env: WorkflowEnvironment) -> psutil.Process | None:
+    """The Temporal dev server of ``env``: a child of this process named ``temporal*``
+    (the one ``WorkflowEnvironment.start_local`` runs), else the process listening
+    on ``env``'s port; ``None`` when neither is found."""
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if p.name().startswith("temporal"):
                 return p
+    port = int(env.client.service_client.config.target_host.rsplit(":", 1)[1])
+    with contextlib.suppress(psutil.Error):
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+                return psutil.Process(conn.pid)
     return None
 
 
@@ -646,7 +654,7 @@ async def latency_mode(ctx: Ctx, mode: str) -> dict[str, Any]:
 async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     """``parked``: park N, idle, then wake all N at once."""
     args = ctx.args
-    server = temporal_server()
+    server = temporal_server(ctx.env)
     db = database_server() if ctx.backend == "mysql" else None
     me = psutil.Process()
     rss_before = _rss_mib(server)
@@ -662,8 +670,10 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     running = await ctx.running_waits() if ctx.design == "waits" else 0
 
-    def pct(i: int) -> float:
-        return round(100 * (cpu1[i] - cpu0[i]) / wall, 2)
+    procs = (me, server, db)
+
+    def pct(i: int) -> float | None:
+        return None if procs[i] is None else round(100 * (cpu1[i] - cpu0[i]) / wall, 2)
 
     idle: dict[str, Any] = {
         "seconds": round(wall, 1),
@@ -794,12 +804,14 @@ def describe(backend: str, mode: str, design: str, r: dict[str, Any]) -> str:
         return f"{head}: failed: {r['error']}"
     if mode == "parked":
         i = r["idle"]
+        db = f", database {i['database_cpu_pct']} %" if "database_cpu_pct" in i else ""
         return (
             f"{head}: park {r['park_s']:.1f} s; idle {i['seconds']:.0f} s: CPU worker "
-            f"{i['worker_cpu_pct']:.1f} %, server {i['server_cpu_pct']:.1f} % of a core, "
-            f"RSS worker {i['worker_rss_mib']:.0f} MiB, server {i['server_rss_mib']:.0f} MiB "
-            f"(+{r['server_rss_growth_mib']} MiB), probes {i['probes_per_s']}/s; wake all "
-            f"{r['wake_all_s']} s; left blocked {r['left_blocked']}"
+            f"{i['worker_cpu_pct']} %, server {i['server_cpu_pct']} %{db} of a core, "
+            f"RSS worker {i['worker_rss_mib']} MiB, server {i['server_rss_mib']} MiB "
+            f"(+{r['server_rss_growth_mib']} MiB since before parking), probes "
+            f"{i['probes_per_s']}/s; wake all {r['wake_all_s']} s; left blocked "
+            f"{r['left_blocked']}"
         )
     lat, wake = r["latency_ms"], r["link_to_woken_ms"]
     extra = (
@@ -824,8 +836,10 @@ def verdicts(runs: dict[str, dict[str, Any]]) -> dict[str, bool]:
     parked = runs.get("parked", {}).get("waits")
     if parked and "error" not in parked:
         cap = TARGETS["parked_idle_cpu_pct_of_core"]
-        out["parked_worker_idle_cpu"] = parked["idle"]["worker_cpu_pct"] < cap
-        out["parked_server_idle_cpu"] = parked["idle"]["server_cpu_pct"] < cap
+        for who in ("worker", "server"):
+            cpu = parked["idle"][f"{who}_cpu_pct"]
+            if cpu is not None:
+                out[f"parked_{who}_idle_cpu"] = cpu < cap
         rss = parked["idle"]["worker_rss_mib"]
         out["parked_worker_rss"] = rss < TARGETS["parked_worker_rss_mib"]
         wake = parked["wake_all_s"]
