@@ -10,11 +10,12 @@ One local Temporal dev server (in-memory) for the whole run. For every backend
 (SQLite; MariaDB/MySQL with ``--mysql-url``), mode and design: a fresh
 database, ApplyAll of the salesforce-sync pack, the connector worker in this
 process and the ConnectorFleet (``FleetInput`` defaults: 5 s worker idle
-timer, 5 s reconcile; drain 5 s). N Contact events ``c<k>`` are enqueued, each
-looking up its parent Account ``a<k>`` that is not linked yet (every enqueue
-is followed by the fleet ``wake`` signal, as ``nexusctl events enqueue``
-sends it); the run waits until all N are *parked*: ``blocked`` in the database and, in the ``waits``
-design, N ``IdentityWait`` workflows running.
+timer, 5 s reconcile; drain 5 s). N Contact events ``c<k>`` are enqueued,
+each looking up its parent Account ``a<k>`` that is not linked yet (every
+enqueue is followed by the fleet ``wake`` signal, as ``nexusctl events
+enqueue`` sends it); the run waits until all N are *parked*: ``blocked`` in
+the database and, in the ``waits`` design, N ``IdentityWait`` workflows
+running.
 
 Modes:
 
@@ -22,11 +23,11 @@ Modes:
   (a fixed schedule, ``k / rate`` s after the first; up to
   ``ENQUEUES_IN_FLIGHT`` enqueues at once, so that a slow one does not hold
   the schedule back; the rate achieved and each enqueue call's duration are
-  reported). Latency per child = its
-  parent's remote link committed -> the child ``succeeded``. Neither moment is
-  read from a timestamp column: the link's ``CreatedDate`` is the clock the
-  batch read *before* its writes, not its commit, and ``DATETIME`` is whole
-  seconds on MariaDB (so is ``TerminalAt``). A watcher instead polls the
+  reported). Latency per child = its parent's remote link committed -> the
+  child ``succeeded``. Neither moment is read from a timestamp column: the
+  link's ``CreatedDate`` is the clock the batch read *before* its writes, not
+  its commit, and ``DATETIME`` is whole seconds on MariaDB (so is
+  ``TerminalAt``). A watcher instead polls the
   database every ``--watch-ms`` (20) ms, by primary key: the remote link
   rows of the parents enqueued and not seen yet, then the state of their
   children. A SELECT sees what committed before it started, so each moment
@@ -74,10 +75,17 @@ Designs:
 A run that fails (e.g. its children never all park within ``--phase-timeout``)
 is recorded as ``{"error": ...}`` and the others go on.
 
-Figures go to ``--out`` (``bench/results/identity.json``) per backend, mode and
-design, with the machine, the command, the date, the targets and each figure
-against the previous results file (``previous``). No figure is a test: a
-smoke test runs this at a tiny size.
+Figures go to ``--out`` (``bench/results/identity.json``): ``backends.<backend>.
+<mode>.<design>``, with ``machine`` (cores, memory, load average at the start
+and the end, database version), ``command``, ``date``, ``settings``,
+``targets``, ``verdicts`` (the waits design against the targets) and
+``previous`` (each figure against the results file this run overwrites, see
+:func:`compare_with_previous`). Units are in the key names: ``*_ms``
+milliseconds, ``*_s`` seconds, ``*_cpu_pct`` % of one core over the idle
+stretch, ``*_mib`` MiB. Latency figures (``latency_ms``, ``link_to_woken_ms``,
+``enqueue_to_link_ms``, ``enqueue_call_ms``) hold count, median, p90, p99
+(nearest rank) and max. No figure is a test: a smoke test runs this at a tiny
+size.
 """
 
 from __future__ import annotations
@@ -142,7 +150,7 @@ TARGETS = {
 """What the ``waits`` design is judged against (``verdicts`` in the JSON)."""
 
 _CHUNK = 500
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bench")
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bench")
 SETTLE_S = 1.0
 PROGRESS_S = 30.0
 ENQUEUES_IN_FLIGHT = 3
@@ -228,9 +236,10 @@ class Watcher:
     each :meth:`tick` reads, by primary key, the links of the expected parents
     not seen yet (``link_seen``), then the state of their children not done
     yet (``woken``: first seen out of ``blocked``; ``done``: first seen
-    ``succeeded``; ``failed``). A moment is the start of the query that first
-    returned it. A child seen done before its link (the link committed
-    between the two queries of one tick) gets that query's start as its link.
+    ``succeeded``; ``failed``), each read in a transaction of its own. A moment
+    is the start of the transaction whose first query returned it. A child
+    seen done before its link (the link committed between the two reads of
+    one tick) gets that read's start as its link.
     """
 
     def __init__(
@@ -270,8 +279,9 @@ class Watcher:
             links = sorted(self._links)
             children = sorted(self._children)
         start = time.perf_counter()
+        # Two transactions: one read snapshot each, taken at its first query.
+        seen_links: list[str] = []
         with self.engine.connect() as conn:
-            seen_links: list[str] = []
             at_links = time.perf_counter()
             for i in range(0, len(links), _CHUNK):
                 ids = [f"a{k}" for k in links[i : i + _CHUNK]]
@@ -285,8 +295,9 @@ class Watcher:
                         )
                     ).scalars()
                 )
+        states: list[tuple[str, str]] = []
+        with self.engine.connect() as conn:
             at_children = time.perf_counter()
-            states: list[tuple[str, str]] = []
             for i in range(0, len(children), _CHUNK):
                 ids = [self.child_ids[k] for k in children[i : i + _CHUNK]]
                 states.extend(
