@@ -704,12 +704,16 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     start = time.perf_counter()
     await enqueue(ctx, ctx.parents)
 
-    async def all_succeeded() -> bool:
-        n = await off_loop(count_items, ctx.engine, ctx.install_id, "succeeded")
-        return n >= 2 * ctx.n
+    def terminal() -> int:
+        return sum(count_items(ctx.engine, ctx.install_id, s) for s in ("succeeded", "failed"))
 
-    complete = await until(f"{2 * ctx.n} succeeded", all_succeeded, args.phase_timeout, 0.25)
+    async def all_terminal() -> bool:
+        return await off_loop(terminal) >= 2 * ctx.n
+
+    await until(f"{2 * ctx.n} items terminal", all_terminal, args.phase_timeout, 0.25)
     wake_all_s = time.perf_counter() - start
+    succeeded = await off_loop(count_items, ctx.engine, ctx.install_id, "succeeded")
+    complete = succeeded >= 2 * ctx.n
     out: dict[str, Any] = {
         "n": ctx.n,
         "park_s": round(park_s, 2),
