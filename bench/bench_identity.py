@@ -831,11 +831,13 @@ def describe(backend: str, mode: str, design: str, r: dict[str, Any]) -> str:
     if mode == "parked":
         i = r["idle"]
         db = f", database {i['database_cpu_pct']} %" if "database_cpu_pct" in i else ""
+        growth = r["server_rss_growth_mib"]
+        grew = "n/a" if growth is None else f"{growth:+.1f}"
         return (
             f"{head}: park {r['park_s']:.1f} s; idle {i['seconds']:.0f} s: CPU worker "
             f"{i['worker_cpu_pct']} %, server {i['server_cpu_pct']} %{db} of a core, "
             f"RSS worker {i['worker_rss_mib']} MiB, server {i['server_rss_mib']} MiB "
-            f"(+{r['server_rss_growth_mib']} MiB since before parking), probes "
+            f"({grew} MiB since before parking), probes "
             f"{i['probes_per_s']}/s; wake all {r['wake_all_s']} s; left blocked "
             f"{r['left_blocked']}"
         )
