@@ -2,7 +2,8 @@
 
 Usage:
     python bench/bench_identity.py [--modes steady,bulk,parked] [--designs waits,poll]
-        [--n 1000] [--rate 20] [--poll-seconds 5] [--idle 60] [--idle-after 70]
+        [--n 1000] [--parked-n 10000] [--rate 20] [--poll-seconds 5]
+        [--idle 60] [--idle-after 70] [--settle 20] [--watch-ms 20] [--phase-timeout 900]
         [--backends sqlite,mysql] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
         [--out bench/results/identity.json]
 
@@ -39,7 +40,8 @@ Modes:
   processing, not part of the latency) and the rate achieved.
 * ``bulk``: the same, with the N parents enqueued all at once (the earlier
   bench), plus the time from that enqueue to all N children succeeded.
-* ``parked``: the seconds to park all N (enqueue -> N blocked and, waits
+* ``parked`` (N = ``--parked-n``, default ``--n``, so that one run writes
+  every mode): the seconds to park all N (enqueue -> N blocked and, waits
   design, N waits running); then ``--idle-after`` seconds (default 70: past
   the 60 s block grace, so fleet recovery has looked at every blocked row,
   and the waits' probe intervals, 5 s doubling, have grown to 40-60 s), then
@@ -742,6 +744,11 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
+def mode_n(args: argparse.Namespace, mode: str) -> int:
+    """Children (and parents) of a ``mode`` run: ``--parked-n`` for ``parked``, else ``--n``."""
+    return int(args.parked_n if mode == "parked" else args.n)
+
+
 async def one_run(
     env: WorkflowEnvironment,
     args: argparse.Namespace,
@@ -756,7 +763,8 @@ async def one_run(
     await install(env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     engine = make_engine(url)
     (pack,) = list_connector_packs(engine)
-    children, parents = children_and_parents(pack.install_id, pack.namespace, args.n)
+    n = mode_n(args, mode)
+    children, parents = children_and_parents(pack.install_id, pack.namespace, n)
     ctx = Ctx(env, args, backend, design, settings, engine, pack.install_id, children, parents)
     fleet_input = FleetInput(
         database_id=settings.database_id,
@@ -904,13 +912,13 @@ def _figure(run: dict[str, Any], path: str) -> float | None:
 
 
 def _comparable(old: dict[str, Any], new: dict[str, Any], mode: str) -> bool:
-    if old.get("n") != new.get("n"):
-        return False
-    if mode == "steady":
-        return old.get("rate") == new.get("rate") and old.get("watch_ms") == new.get("watch_ms")
     if mode == "parked":
-        return old.get("idle") == new.get("idle") and old.get("idle_after") == new.get("idle_after")
-    return old.get("watch_ms") == new.get("watch_ms")
+        keys: tuple[str, ...] = ("parked_n", "idle", "idle_after")
+    elif mode == "steady":
+        keys = ("n", "rate", "watch_ms")
+    else:
+        keys = ("n", "watch_ms")
+    return all(old.get(k) == new.get(k) for k in keys)
 
 
 def compare_with_previous(path: Path, result: dict[str, Any]) -> dict[str, Any] | None:
@@ -918,8 +926,9 @@ def compare_with_previous(path: Path, result: dict[str, Any]) -> dict[str, Any] 
 
     ``path`` is the results file this run is about to overwrite. A figure of
     :data:`FIGURES` is compared when the old file has the same backend, mode
-    and design, run with the same ``n`` (and ``rate`` and ``watch_ms`` for
-    ``steady``, ``idle`` and ``idle_after`` for ``parked``). Returns ``{"date",
+    and design, run with the same settings: ``n`` and ``watch_ms`` (and
+    ``rate`` for ``steady``); ``parked_n``, ``idle`` and ``idle_after`` for
+    ``parked``. Returns ``{"date",
     "command", "figures": {"<backend>/<mode>/<design>/<figure>": [before, now,
     change %]}}``; ``None`` when there is no earlier file (or it is not valid
     JSON) or nothing comparable.
@@ -986,6 +995,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--designs", default="waits,poll", help="comma-separated: waits,poll")
     parser.add_argument("--n", type=int, default=1000, help="children (and parents)")
+    parser.add_argument(
+        "--parked-n", type=int, default=None, help="children of the parked mode (default: --n)"
+    )
     parser.add_argument("--rate", type=float, default=20.0, help="steady: parents enqueued per s")
     parser.add_argument("--poll-seconds", type=float, default=5.0, help="poll design's interval")
     parser.add_argument("--watch-ms", type=float, default=20.0, help="watcher interval (ms)")
@@ -1013,8 +1025,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.backends = _csv(args.backends or default_backends, BACKENDS, "--backends", parser)
     if "mysql" in args.backends and not args.mysql_url:
         parser.error("--backends mysql needs --mysql-url")
-    if args.n < 1 or args.rate <= 0 or args.poll_seconds <= 0 or args.watch_ms <= 0:
-        parser.error("--n, --rate, --poll-seconds and --watch-ms must be positive")
+    if args.parked_n is None:
+        args.parked_n = args.n
+    if (
+        args.n < 1
+        or args.parked_n < 1
+        or args.rate <= 0
+        or args.poll_seconds <= 0
+        or args.watch_ms <= 0
+    ):
+        parser.error("--n, --parked-n, --rate, --poll-seconds and --watch-ms must be positive")
     return args
 
 
@@ -1022,6 +1042,7 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
     """Every backend, mode and design on ``env``; prints, writes and returns the JSON."""
     settings = {
         "n": args.n,
+        "parked_n": args.parked_n,
         "rate": args.rate,
         "poll_seconds": args.poll_seconds,
         "watch_ms": args.watch_ms,
@@ -1054,7 +1075,7 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
                         try:
                             r = await one_run(env, args, backend, url, mode, design)
                         except Exception as exc:  # recorded; the other runs go on
-                            r = {"n": args.n, "error": f"{type(exc).__name__}: {exc}"}
+                            r = {"n": mode_n(args, mode), "error": f"{type(exc).__name__}: {exc}"}
                     r["run_s"] = round(time.perf_counter() - began, 1)
                     runs.setdefault(mode, {})[design] = r
                     print(describe(backend, mode, design, r), flush=True)

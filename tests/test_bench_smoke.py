@@ -152,8 +152,8 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
     bench = _bench("bench_identity")
     out = tmp_path / "results" / "identity.json"
     argv = [
-        "--n", "20", "--modes", "steady,bulk,parked", "--rate", "40", "--poll-seconds", "1",
-        "--idle", "1", "--idle-after", "0", "--out", str(out),
+        "--n", "20", "--parked-n", "10", "--modes", "steady,bulk,parked", "--rate", "40",
+        "--poll-seconds", "1", "--idle", "1", "--idle-after", "0", "--out", str(out),
     ]  # fmt: skip
     result = await bench.run(temporal_env, bench.parse_args(argv))
 
@@ -180,7 +180,7 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
         assert list(designs) == ["waits", "poll"], mode
         for design, run in designs.items():
             assert "error" not in run, run
-            assert run["n"] == 20 and run["complete"], (mode, design)
+            assert run["n"] == (10 if mode == "parked" else 20) and run["complete"], (mode, design)
             assert run["left_blocked"] == run["left_blocked_linked"] == run["failed"] == 0
             assert run["park_s"] > 0
             waits = {"waits_running_at_done", "waits_done_after_s", "waits_left_running"}
@@ -192,11 +192,12 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
                 for key in ("worker_cpu_pct", "server_cpu_pct", "worker_rss_mib"):
                     assert idle[key] is not None, key
                 assert idle["server_rss_mib"] > 0
-                assert idle["waits_running"] == (20 if design == "waits" else 0)
+                assert idle["waits_running"] == (10 if design == "waits" else 0)
             else:
                 for key in ("latency_ms", "link_to_woken_ms", "enqueue_to_link_ms"):
                     assert run[key]["count"] == 20, (mode, design, key)
                     assert run[key]["median"] <= run[key]["p99"] <= run[key]["max"]
+    assert written["settings"]["n"] == 20 and written["settings"]["parked_n"] == 10
     assert runs["steady"]["waits"]["rate"] == 40
     assert runs["bulk"]["poll"]["all_done_s"] > 0
     assert set(written["verdicts"]["sqlite"]) >= {"steady_median", "parked_worker_rss"}
