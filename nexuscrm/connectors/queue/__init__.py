@@ -46,10 +46,10 @@ Locking. MySQL family: enqueue and replay serialize on the named lock
 ``GET_LOCK('nexuscrm_connector_enqueue')``, taken *before* the transaction
 starts, so the transaction's REPEATABLE READ snapshot includes everything the
 previous holder committed. Claims take no lock across the pack: the claims
-of every worker and worker process run side by side. A claim picks its
-candidates from its snapshot, then locks them with ``SELECT ... FOR UPDATE
+of every worker and worker process run side by side, READ COMMITTED. A claim picks its
+candidates by a plain read, then locks them by primary key with ``SELECT ... FOR UPDATE
 SKIP LOCKED`` (MariaDB 10.6+, MySQL 8), which skips a row another claim
-holds or took since the snapshot (a locking read sees the latest commit),
+holds or took since its read (a locking read sees the latest commit),
 and picks past what it lost (``CLAIM_ROUNDS``). Lane exclusivity needs no
 lock: only the head of a source lane *and* of a target mutation lane is
 claimable, and a head stays the head until it is terminal, so two claims

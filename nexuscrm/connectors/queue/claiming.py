@@ -119,17 +119,32 @@ def _claim(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         raise
 
 
+CLAIM_ROUNDS = 3
+"""Most candidate picks one claim makes when concurrent claims took its candidates.
+
+Claims run side by side (no lock across a pack on the MySQL family): two
+claims that read the queue at the same moment pick the same head items, and
+``SKIP LOCKED`` leaves the later one without them. It picks again, past what
+it lost (READ COMMITTED: the next read also sees what other claims committed
+meanwhile), instead of returning a short or empty batch (an empty claim makes
+the worker wait for a wake or its idle timeout)."""
+
+
 def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
     """The claim in one transaction (see :func:`claim`); no lock across the pack.
 
     MySQL family (READ COMMITTED): the fence row is read with a shared lock
-    (take-overs wait for the claims in flight); the candidate scan's slices
-    are ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB 10.6+, MySQL 8), so a
-    claim passes over the rows another claim is taking instead of picking
-    the same head, and holds what it read until it commits. The UPDATE is a
-    compare-and-set either way (TiDB: the compare-and-set alone settles a
-    race; the loser takes fewer items). SQLite: the whole claim holds the
-    database write lock.
+    (take-overs wait for the claims in flight); the candidates are picked by a
+    plain read of the latest commit, then locked by primary key with ``FOR
+    UPDATE SKIP LOCKED`` (re-checking their state: a locking read sees the
+    latest commit), so a candidate another claim holds or took is skipped and
+    picked past in the next round (:data:`CLAIM_ROUNDS`, each a fresh read).
+    The scan itself takes no locks: a locking scan would lock the rows its
+    lane-head probes read as well (MariaDB applies ``FOR UPDATE`` to a
+    statement's subqueries), and claims then deadlocked each other (seen with
+    eight concurrent claimers). The UPDATE is a compare-and-set either way
+    (TiDB: the compare-and-set alone settles a race). SQLite: the whole claim
+    holds the database write lock.
     """
     when = _now(spec.now)
     until = _lease_until(when, spec.lease_seconds)
@@ -156,17 +171,34 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         busy: set[str | None] = {r[0] for r in processing if r[1] is not None and r[1] >= when}
         held = sum(1 for r in processing if not r[2])
         room = max(0, spec.max_processing_rows - int(held))
-        picked = _pick(
-            conn,
-            spec.installed_pack_id,
-            classes,
-            preferred,
-            when,
-            spec.batch_size,
-            busy,
-            new_budget=room,
-            locking=_skip_locked(conn),
-        )
+        skip_locked = _skip_locked(conn)
+        picked: list[_Candidate] = []
+        passed: set[str] = set()
+        for _round in range(CLAIM_ROUNDS):
+            got = _pick(
+                conn,
+                spec.installed_pack_id,
+                classes,
+                preferred,
+                when,
+                spec.batch_size - len(picked),
+                busy,
+                new_budget=room,
+                exclude=passed,
+            )
+            if not got:
+                break
+            passed.update(c.work_id for c in got)
+            lost = False
+            if skip_locked:
+                locked = _lock_candidates(conn, got)
+                lost = len(locked) < len(got)
+                got = [c for c in got if c.work_id in locked]
+            picked += got
+            room -= sum(1 for c in got if c.tag != "stale")
+            busy.update(c.target_lane for c in got if c.target_lane is not None)
+            if not lost or len(picked) >= spec.batch_size:
+                break
         if not picked:
             return []
         exhausted = [c for c in picked if c.attempt >= spec.max_attempts]
@@ -215,6 +247,26 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         if abandoned:
             _insert_attempts(conn, abandoned, ignore_existing=True)
         return result
+
+
+def _lock_candidates(conn: Connection, picked: list[_Candidate]) -> set[str]:
+    """Row-lock the picked items still in the state they were picked in; their ids.
+
+    ``SELECT ... FOR UPDATE SKIP LOCKED`` (a locking read, so it sees the
+    latest commit): an item another claim holds locked right now is left
+    out, and so is one taken since this claim's snapshot (its state or lease
+    token changed). The read goes by the primary key only (``FORCE INDEX``:
+    a scan of a secondary index would lock, or skip, rows that were not
+    picked). The locks hold until the claim commits.
+    """
+    rows = conn.execute(
+        select(_w.c.WorkId, _w.c.State, _w.c.LeaseToken)
+        .with_hint(_w, "FORCE INDEX (PRIMARY)", "mysql")
+        .where(_w.c.WorkId.in_([c.work_id for c in picked]))
+        .with_for_update(skip_locked=True)
+    ).all()
+    now = {r.WorkId: (r.State, r.LeaseToken) for r in rows}
+    return {c.work_id for c in picked if now.get(c.work_id) == (c.state, c.lease_token)}
 
 
 def _fail_exhausted(

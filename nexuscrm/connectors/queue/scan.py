@@ -79,17 +79,10 @@ def _pick(
     *,
     new_budget: int,
     exclude: set[str] | frozenset[str] = frozenset(),
-    locking: bool = False,
 ) -> list[_Candidate]:
     """Choose up to ``budget`` candidates (lane heads, target-exclusive, in claim order),
     of which at most ``new_budget`` are not stale reclaims (the processing budget's room);
     none of ``exclude`` (work ids an earlier round of the same claim passed on).
-
-    ``locking`` (MySQL family with ``SKIP LOCKED``): each slice is its own
-    ``SELECT ... FOR UPDATE SKIP LOCKED`` instead of a member of the UNION, so
-    the scan skips rows another claim holds (it does not pick the head that a
-    concurrent claim is taking) and locks what it reads until the claim
-    commits; the lane-head probes are plain reads of the latest commit.
 
     The scan is a UNION ALL of index-ordered slices with LIMIT — per queue
     class: never-retried pending items (``RunAfter IS NULL``, enqueue order)
@@ -117,7 +110,7 @@ def _pick(
         active = [m for m in members if not m.exhausted]
         if not active:
             break
-        rows = _scan(conn, pack, classes, active, now, window, locking=locking)
+        rows = _scan(conn, pack, classes, active, now, window)
         fresh: list[_Candidate] = []
         for m in active:
             got = rows.get(id(m), [])
@@ -194,13 +187,10 @@ def _scan(
     members: list[_Member],
     now: datetime,
     window: int,
-    *,
-    locking: bool = False,
 ) -> dict[int, list[_Candidate]]:
-    """Run one UNION ALL over ``members`` (or, ``locking``, one locking SELECT each);
-    rows grouped by member (``id(member)``)."""
+    """Run one UNION ALL over ``members``; rows grouped by member (``id(member)``)."""
     sqlite = dialect_name(conn) == "sqlite"
-    shape = (sqlite, bool(classes), tuple((m.tag, m.cursor is not None) for m in members), locking)
+    shape = (sqlite, bool(classes), tuple((m.tag, m.cursor is not None) for m in members))
     stmt = _SCAN_CACHE.get(shape)
     if stmt is None:
         stmt = _SCAN_CACHE.setdefault(shape, _scan_statement(*shape))
@@ -216,24 +206,11 @@ def _scan(
                 params[f"ok{idx}"] = m.cursor[0]
             else:
                 params[f"ra{idx}"], params[f"ok{idx}"] = m.cursor
-    if not locking:
-        return _scan_rows(conn, list(conn.execute(stmt, params).all()), members)
-    rows: list[Any] = []
-    for part in stmt:
-        rows += conn.execute(part, params).all()
-    return _scan_rows(conn, rows, members)
+    return _scan_rows(conn, stmt, params, members)
 
 
-def _scan_statement(
-    sqlite: bool, filtered: bool, shape: tuple[tuple[str, bool], ...], locking: bool
-) -> Any:
-    """The UNION ALL of :func:`_scan` for one shape (see ``_SCAN_CACHE``).
-
-    ``locking``: a list of one ``SELECT ... FOR UPDATE SKIP LOCKED`` per member
-    instead (a locking clause does not reach through a UNION of derived
-    tables). The rows a locking member reads and keeps stay locked until the
-    claim commits; its NOT EXISTS probes are plain reads.
-    """
+def _scan_statement(sqlite: bool, filtered: bool, shape: tuple[tuple[str, bool], ...]) -> Any:
+    """The UNION ALL of :func:`_scan` for one shape (see ``_SCAN_CACHE``)."""
     pack = bindparam("pack", type_=_w.c.InstalledPackId.type)
     now = bindparam("now", type_=_w.c.RunAfter.type)
     window = bindparam("window", type_=Integer)
@@ -319,20 +296,15 @@ def _scan_statement(
             sub = sub.order_by(*order)
         if limit is not None:
             sub = sub.limit(limit)
-        if locking:
-            parts.append(sub.with_for_update(skip_locked=True))
-        else:
-            parts.append(select(*sub.subquery(f"m{idx}").c))
-    if locking:
-        return parts
+        parts.append(select(*sub.subquery(f"m{idx}").c))
     return parts[0] if len(parts) == 1 else union_all(*parts)
 
 
 def _scan_rows(
-    conn: Connection, rows: list[Any], members: list[_Member]
+    conn: Connection, stmt: Any, params: dict[str, Any], members: list[_Member]
 ) -> dict[int, list[_Candidate]]:
     out: dict[int, list[_Candidate]] = {}
-    for row in rows:
+    for row in conn.execute(stmt, params).all():
         m = members[int(row.m)]
         out.setdefault(id(m), []).append(
             _Candidate(
