@@ -173,11 +173,22 @@ async def prepare(env: WorkflowEnvironment, url: str, n: int) -> tuple[Settings,
     return settings, engine, pack.install_id
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a metrics endpoint)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(count: int = 1) -> int:
+    """A TCP port on 127.0.0.1 such that it and the ``count - 1`` after it are free now
+    (metrics endpoints: worker process k of ``nexusctl worker --processes`` listens on
+    the base port + k)."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = int(sock.getsockname()[1])
+        try:
+            for k in range(1, count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", base + k))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
 def scrape(addresses: list[str]) -> dict[str, float]:
@@ -262,7 +273,7 @@ async def pipeline(
     """
     settings, engine, install_id = await prepare(env, url, n)
     os.environ[ENV_WORKERS_PER_PACK] = str(workers)  # read when the worker's knobs are
-    port = free_port()
+    port = free_port(max(procs, 1))
     settings = settings.model_copy(update={"metrics_address": f"127.0.0.1:{port}"})
     endpoints = [f"127.0.0.1:{port + k}" for k in range(max(procs, 1))]
     async with contextlib.AsyncExitStack() as stack:
