@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm.controlplane.inprocess import APPLY_PHASES, AUTO_START_SKIP_PHASES
@@ -208,3 +210,16 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
     key = "sqlite/steady/waits/latency_ms.median"
     before = runs["steady"]["waits"]["latency_ms"]["median"]
     assert previous["figures"][key] == [before, before, 0.0]
+
+
+def test_claim_depth_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """The claim-at-depth bench on MariaDB at a tiny depth: claims timed, EXPLAIN printed,
+    its database dropped."""
+    url = os.environ.get("NEXUS_TEST_MYSQL_URL")
+    if not url:
+        pytest.skip("NEXUS_TEST_MYSQL_URL not set")
+    bench = _bench("bench_claim_depth")
+    bench.main(["--mysql-url", url, "--queued", "300", "--claims", "2", "--batch", "20"])
+    out = capsys.readouterr().out
+    assert "enqueued 300" in out and "statements per claim" in out
+    assert "EXPLAIN SELECT" in out and "ix_ConnectorWorkItem_Claim" in out
