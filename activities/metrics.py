@@ -136,7 +136,7 @@ class NexusMetrics:
         )
         self.claim_latency = meter.create_histogram_float(
             "nexus_claim_latency_seconds",
-            "Database time of one claim, the pack's claim lock wait included",
+            "Database time of one claim (SQLite: its write-lock wait included)",
             "s",
         )
         self.batch_size = meter.create_histogram(

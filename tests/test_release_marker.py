@@ -92,6 +92,48 @@ async def test_release_adding_a_system_column_is_applied_by_auto_start(
         engine.dispose()
 
 
+async def test_release_adding_an_index_is_applied_by_auto_start(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """A database converged by a release without ``ix_ConnectorWorkItem_Target`` (the
+    claim's target-lane probe reads it): the fingerprint covers indexes, so the first
+    auto-start of this release applies and creates it; then auto-start skips."""
+    assert (await apply_all(temporal_env, settings)).status == "completed"
+    engine = make_engine(settings.database_url)
+    w = t.connector_work_item
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "DROP INDEX ix_ConnectorWorkItem_Target"
+                + (f" ON {quote(conn, w.name)}" if conn.dialect.name == "mysql" else "")
+            )
+            # The older release's proof: this release's fingerprint without the index.
+            (target,) = [i for i in w.indexes if i.name == "ix_ConnectorWorkItem_Target"]
+            w.indexes.discard(target)
+            try:
+                older = release.release_fingerprint()
+            finally:
+                w.indexes.add(target)
+            assert older != release.release_fingerprint()
+            conn.execute(
+                t.bootstrap_state.update()
+                .where(t.bootstrap_state.c.StateKey == markers.APPLY_ALL_KEY)
+                .values(Proof=older)
+            )
+        assert "ix_ConnectorWorkItem_Target" not in {
+            i["name"] for i in inspect(engine).get_indexes(w.name)
+        }
+        result = await apply_all(temporal_env, settings, policy="auto_start")
+        assert result.status == "completed", result.reason
+        assert "ix_ConnectorWorkItem_Target" in {
+            i["name"] for i in inspect(engine).get_indexes(w.name)
+        }
+        assert proof(engine) == release.release_fingerprint()
+        assert (await apply_all(temporal_env, settings, policy="auto_start")).status == "skipped"
+    finally:
+        engine.dispose()
+
+
 async def test_release_adding_a_repair_step_is_applied_by_auto_start(
     temporal_env: WorkflowEnvironment, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

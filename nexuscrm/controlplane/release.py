@@ -39,15 +39,22 @@ def release_fingerprint() -> str:
     """SHA-256 hex (64 chars) of this release's system schema and repair steps.
 
     Computed from the live definitions (``nexuscrm.db.tables`` and
-    ``repair.REPAIR_STEPS``), so a release that adds a column, a table or a
-    repair step changes it.
+    ``repair.REPAIR_STEPS``), so a release that adds a column, a table, an
+    index (e.g. ``ix_ConnectorWorkItem_Target``, which the claim's target-lane
+    probe needs) or a repair step changes it, and the first auto-start after
+    the upgrade applies (``ensure_system_schema`` creates what is missing).
     """
     schema = [
         [table.name, [[c.name, repr(c.type), bool(c.nullable)] for c in table.columns]]
         for table in sorted(t.SYSTEM_TABLES, key=lambda tb: tb.name)
     ]
+    indexes = [
+        [table.name, sorted([str(i.name), [c.name for c in i.columns]] for i in table.indexes)]
+        for table in sorted(t.SYSTEM_TABLES, key=lambda tb: tb.name)
+        if table.indexes
+    ]
     steps = [[s.name, s.fatal, s.once, s.convergence_critical, s.ddl] for s in repair.REPAIR_STEPS]
-    doc = json.dumps({"schema": schema, "repair_steps": steps}, sort_keys=True)
+    doc = json.dumps({"schema": schema, "indexes": indexes, "repair_steps": steps}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()
 
 

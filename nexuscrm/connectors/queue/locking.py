@@ -141,11 +141,8 @@ def _serialized(engine: Engine, lock_name: str) -> Iterator[Connection]:
         else:
             _begin_immediate(conn, deadline)
         try:
-            yield conn
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+            with _committed(conn):
+                yield conn
         finally:
             if mysql:
                 try:
@@ -176,12 +173,19 @@ def claim_transaction(engine: Engine) -> Iterator[Connection]:
         # claimed meanwhile (a REPEATABLE READ snapshot would offer the same
         # taken rows round after round) and its probes see finished lane heads.
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        try:
+        with _committed(conn):
             yield conn
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+
+
+@contextmanager
+def _committed(conn: Connection) -> Iterator[None]:
+    """Commit ``conn``'s transaction when the block succeeds, roll it back when it raises."""
+    try:
+        yield
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def _begin_immediate(conn: Connection, deadline: float) -> None:
@@ -217,12 +221,8 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
     with _sqlite_writer(engine), engine.connect() as conn:
         if dialect_name(conn) == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
-        try:
+        with _committed(conn):
             yield conn
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
 
 
 def server_lock_name(engine: Engine, lock_name: str) -> str:
