@@ -55,7 +55,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import sqlite3
 import statistics
 import sys
@@ -74,6 +73,7 @@ from sqlalchemy import Engine, func, inspect, select, table, text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
+from bench.machine import machine
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.controlplane import inprocess
@@ -474,21 +474,6 @@ def report_previous(previous: dict[str, Any]) -> None:
     for name, c in previous["changes"].items():
         pct = "n/a" if c["change_pct"] is None else f"{c['change_pct']:+.1f}%"
         print(f"  {name:<40} {c['previous']:>8.3f} -> {c['now']:>8.3f}  {pct:>8}")
-
-
-def machine() -> dict[str, Any]:
-    """Cores, memory, platform, Python and the load when the bench started."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 0
-    return {
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory / 2**30, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
-    }
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -63,6 +62,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.connectors import claim_size
+from bench.machine import machine
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.knobs import (
@@ -439,15 +439,6 @@ def fresh_database(backend: str, mysql_url: str | None, tmp: str) -> tuple[str, 
             conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
 
     return url, drop
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cores": psutil.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
 
 
 async def main(argv: list[str] | None = None) -> dict[str, Any]:

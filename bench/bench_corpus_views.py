@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import re
 import sqlite3
@@ -55,10 +54,13 @@ from datetime import time as dtime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from sqlalchemy import Engine, MetaData, Table, inspect, text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
 
+from bench.machine import machine
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput
 from nexuscrm.controlplane import derived
@@ -463,20 +465,6 @@ def db_version(engine: Engine) -> str:
         return f"SQLite {sqlite3.sqlite_version}"
     with engine.connect() as conn:
         return str(conn.execute(text("SELECT VERSION()")).scalar_one())
-
-
-def machine() -> dict[str, Any]:
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 0
-    return {
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory / 2**30, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
-    }
 
 
 # --- one backend ----------------------------------------------------------------

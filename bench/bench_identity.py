@@ -99,7 +99,6 @@ import contextlib
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -124,6 +123,7 @@ from temporalio.testing import WorkflowEnvironment
 
 import activities.identity as identity_acts
 import nexuscrm.connectors.processor as processor_mod
+from bench.machine import machine
 from nexuscrm import catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.finishing import BatchOutcome
@@ -961,17 +961,6 @@ def compare_with_previous(path: Path, result: dict[str, Any]) -> dict[str, Any] 
     if not changes:
         return None
     return {"date": old.get("date"), "command": old.get("command"), "figures": changes}
-
-
-def machine() -> dict[str, Any]:
-    """Cores, memory, Python, platform and the 1/5/15 min load when the run started."""
-    return {
-        "cores": psutil.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 # -- entry points --------------------------------------------------------------

@@ -41,7 +41,9 @@ def ensure_system_schema(engine: Engine) -> int:
     created = len({tb.name for tb in t.SYSTEM_TABLES} - before)
     with engine.begin() as conn:
         created += add_missing_system_columns(conn)
-        created += add_missing_system_indexes(conn)
+        # Only tables an older release created can lack an index: create_all
+        # just made the others with all of theirs.
+        created += add_missing_system_indexes(conn, only=before)
     ensure_session_user_function(engine)
     # TiDB caches the schema per session: reconnect after DDL, as the seed does.
     after_ddl(engine)
@@ -77,16 +79,17 @@ def add_missing_system_columns(conn: Connection) -> int:
     return changed
 
 
-def add_missing_system_indexes(conn: Connection) -> int:
+def add_missing_system_indexes(conn: Connection, only: set[str] | None = None) -> int:
     """Create every index of ``nexuscrm.db.tables`` an existing system table lacks.
 
     A table an older release created keeps the indexes it had; a release that
     adds one (e.g. ``ix_ConnectorWorkItem_Target``, which the claim's
     target-lane probe reads) needs it on upgrade too. Indexes are matched by
-    name. Idempotent; returns how many were created.
+    name. ``only``: the table names to look at (default: every existing
+    system table). Idempotent; returns how many were created.
     """
     created = 0
-    existing_tables = table_names(conn)
+    existing_tables = table_names(conn) if only is None else only
     for table in t.SYSTEM_TABLES:
         if table.name not in existing_tables or not table.indexes:
             continue

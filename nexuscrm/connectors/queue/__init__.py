@@ -54,7 +54,7 @@ and picks past what it lost (``CLAIM_ROUNDS``). Lane exclusivity needs no
 lock: only the head of a source lane *and* of a target mutation lane is
 claimable, and a head stays the head until it is terminal, so two claims
 can only race for the same row, which row locks and the compare-and-set
-UPDATE settle. The processing budget is read from the snapshot (claims at
+UPDATE settle. The processing budget is read once per claim (claims at
 the same moment can together pass it by their batches: it bounds pressure,
 not safety). Every state change is a compare-and-set on (WorkId, State,
 LeaseToken): finishes and lease extensions check the rowcount, a claim

@@ -66,8 +66,8 @@ def claim(engine: Engine, spec: ClaimSpec) -> list[ClaimedItem]:
     processing rows, stale ones included and parked ones (dependency set, no
     lease) excluded, all classes (the seed's processing pressure); stale
     reclaims are not limited by it (their rows are already counted). The
-    budget is read from the claim's snapshot: claims running at the same
-    moment can together pass it by up to their batches.
+    budget is read once per claim: claims running at the same moment can
+    together pass it by up to their batches.
 
     Each item gets ``State='processing'``, a new uuid4 ``LeaseToken``,
     ``LeaseUntil = now + lease_seconds`` (whole seconds) and ``Attempt + 1``
@@ -158,9 +158,9 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         # and the seed's pressure: every processing row that is not parked counts,
         # stale ones too (re-leasing a stale row adds nothing, so only new items
         # are held to the room left). Parked rows have no lease, so never live.
-        # Read from the snapshot: claims committing meanwhile are not counted, so
-        # claims running at the same moment can together pass the budget by up
-        # to their own batches (it bounds pressure; lanes stay exclusive).
+        # A plain read: claims that commit after it are not counted, so claims
+        # running at the same moment can together pass the budget by up to their
+        # own batches (it bounds pressure; lanes stay exclusive).
         processing = conn.execute(
             select(_w.c.TargetMutationLaneKey, _w.c.LeaseUntil, _case(_parked(_w))).where(
                 _w.c.InstalledPackId == spec.installed_pack_id,

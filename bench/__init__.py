@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as scripts; a package only so they share ``bench.machine``)."""
