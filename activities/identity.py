@@ -12,6 +12,7 @@ time out waiting for it, never expire anything).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import os
@@ -35,6 +36,7 @@ from nexuscrm.connectors.identity import (
     Dependency,
     from_spec,
     probe,
+    resolved_blocked_keys,
     resolved_keys,
     to_spec,
     wait_workflow_id,
@@ -120,10 +122,16 @@ async def start_wait(
     dependency: Dependency,
     work_ids: list[str],
     config: IdentityWaitConfig,
+    probe_now: bool = False,
 ) -> None:
-    """Signal-with-start the wait of ``dependency`` with ``register(work_ids)`` (idempotent)."""
+    """Signal-with-start the wait of ``dependency`` with ``register(work_ids)`` (idempotent).
+
+    ``probe_now``: also ask it to probe at once (``register`` without items),
+    for items whose block may be old (recovery): a parked wait otherwise
+    probes first at its registration plus the max wait.
+    """
     key = dependency.key_hash
-    await client.start_workflow(
+    handle = await client.start_workflow(
         "IdentityWait",
         IdentityWaitInput(
             database_id=database_id,
@@ -136,6 +144,8 @@ async def start_wait(
         start_signal="register",
         start_signal_args=[sorted(work_ids)],
     )
+    if probe_now:
+        await handle.signal("register")
 
 
 async def signal_wake(client: Client, database_id: str, key_hash: str) -> bool:
@@ -241,6 +251,8 @@ class IdentityActivities:
         self.metrics = metrics or NexusMetrics(MetricMeter.noop)
         self.settings = settings
         self.config = config or config_from_env()
+        # Monotonic time of the last orphan-wait sweep per database (this process).
+        self._last_sweep: dict[str, float] = {}
         # None: no owner authority (the seed's nil resolver): every probe fails,
         # so waits only reschedule and nothing ever expires; wakes still work.
         self.resolver: Resolver | None = resolver
@@ -447,6 +459,80 @@ class IdentityActivities:
         await asyncio.gather(*(register(spec, ids) for spec, ids in groups.values()))
         await asyncio.gather(*(wake_one(key) for key in req.wake_keys))
 
+    async def _wake_resolved(self, client: Client, database_id: str) -> int:
+        """Wake every blocked item whose dependency exists now; complete their waits.
+
+        The set-based recheck that replaces each parked wait's own probes
+        (issue 16): one read for all blocked rows (:func:`resolved_blocked_keys`),
+        then one wake write, the fleet's ``wake`` for the packs woken, and a
+        ``wake`` signal to the wait of each resolved key only (a wait that
+        runs nowhere is skipped). Returns the number of keys resolved.
+        """
+        keys = sorted(await asyncio.to_thread(resolved_blocked_keys, self.engine))
+        if not keys:
+            return 0
+        packs = await self._wake_keys(keys, path="recovery")
+        fleet = client.get_workflow_handle(f"connector-fleet/{database_id}")
+        for install_id in sorted(packs):
+            try:
+                await fleet.signal("wake", install_id)
+            except RPCError:  # no fleet: the workers' idle timers find the work
+                break
+        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def wake_one(key: str) -> None:
+            async with gate:
+                await signal_wake(client, database_id, key)
+
+        await asyncio.gather(*(wake_one(key) for key in keys))
+        log.info(
+            "identity recovery woke resolved rows",
+            dependency_keys=len(keys),
+            items=sum(packs.values()),
+        )
+        return len(keys)
+
+    async def _sweep_orphan_waits(self, client: Client, database_id: str) -> int:
+        """Ask a probe of each running wait none of whose items is blocked any more.
+
+        A wait whose items were woken directly and whose ``wake`` signal was
+        lost (the batch died before its notify) would stay parked until its
+        first due time; its probe now finds no item and it ends ``empty``. At
+        most once per ``max_probe_interval_seconds`` per database and process;
+        the server's count of running waits is read first and the waits are
+        listed only when it exceeds the blocked keys. Returns waits asked.
+        """
+        now = time.monotonic()
+        last = self._last_sweep.get(database_id)
+        if last is not None and now - last < max(1.0, self.config.max_probe_interval_seconds):
+            return 0
+        self._last_sweep[database_id] = now
+        query = _running_query(database_id)
+        if query is None:
+            return 0
+        blocked = await asyncio.to_thread(wq.blocked_key_set, self.engine)
+        try:
+            count = (await client.count_workflows(query)).count
+        except RPCError:
+            return 0
+        if count <= len(blocked):
+            return 0
+        running = await list_running_waits(client, database_id)
+        orphans = sorted((running or set()) - blocked)
+        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def ask(key: str) -> None:
+            async with gate:
+                with contextlib.suppress(RPCError):  # it ended meanwhile
+                    await client.get_workflow_handle(wait_workflow_id(database_id, key)).signal(
+                        "register"
+                    )
+
+        await asyncio.gather(*(ask(key) for key in orphans))
+        if orphans:
+            log.info("identity waits without blocked items asked to probe", waits=len(orphans))
+        return len(orphans)
+
     def _waitless_page(self, after: tuple[datetime, str] | None) -> list[wq.BlockedRow]:
         return wq.list_waitless_blocked(self.engine, after=after)
 
@@ -456,7 +542,9 @@ class IdentityActivities:
         """Give every blocked row without a live wait its wait; returns waits (re)started.
 
         Converts the seed's parked-processing rows to ``blocked`` and
-        terminalizes invalid blocked rows first. Pages of 1000, at most 100.
+        terminalizes invalid blocked rows first, then wakes every blocked row
+        whose dependency resolved (:meth:`_wake_resolved`, the recheck parked
+        waits rely on). Pages of 1000, at most 100.
         """
         if self.settings.connector_role == "handoff":
             # The Runtime owns the dependencies of handed-off work (issue 5 rule 9),
@@ -474,6 +562,11 @@ class IdentityActivities:
                 items=n,
                 failure_class="identity-convergence-invalid",
             )
+        # Every blocked row whose dependency resolved without a wake (an owner
+        # written outside this runtime, a wake lost with its batch) goes back
+        # to pending here, once per reconcile: the parked waits never poll.
+        await self._wake_resolved(client, database_id)
+        await self._sweep_orphan_waits(client, database_id)
         started = 0
         after: tuple[datetime, str] | None = None
         listed: set[str] | None = None  # the server's running waits, listed once per run
@@ -517,6 +610,7 @@ class IdentityActivities:
                     dependency=dep,
                     work_ids=work_ids,
                     config=self.config,
+                    probe_now=True,
                 )
                 started += 1
             activity.heartbeat()

@@ -98,6 +98,28 @@ def queue_db(settings: Settings) -> Engine:
     return engine
 
 
+def link(engine: Engine, dep: Dependency = DEP, record_id: str = "001-parent") -> None:
+    """The parent's remote link, written as another writer would: no wake sent."""
+    with engine.begin() as conn:
+        conn.execute(
+            t.connector_remote_link.insert().values(
+                ConnectorOwnerKey=dep.owner_key,
+                Namespace=dep.namespace,
+                DestinationObject=dep.object_api_name,
+                RemoteId=dep.remote_id,
+                RecordId=record_id,
+                CreatedDate=utcnow(),
+            )
+        )
+
+
+async def recover_once(client: Client, settings: Settings, queue: str) -> int:
+    """One ``identity.recover`` (as a fleet reconcile runs it); returns waits started."""
+    return await client.execute_workflow(
+        RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+    )
+
+
 def block(engine: Engine, n: int, dep: Dependency = DEP, *, probe_after: Any = None) -> list[str]:
     """Enqueue and claim ``n`` items, block them on ``dep``; returns their work ids."""
     tag = uuid.uuid4().hex[:6]
@@ -153,7 +175,9 @@ async def begin(
     ids: list[str],
     config: IdentityWaitConfig,
     dep: Dependency = DEP,
+    probe_now: bool = True,
 ) -> Any:
+    """Start the wait of ``dep`` with ``ids``; ``probe_now`` as recovery starts it."""
     await start_wait(
         client,
         database_id=settings.database_id,
@@ -161,6 +185,7 @@ async def begin(
         dependency=dep,
         work_ids=ids,
         config=config,
+        probe_now=probe_now,
     )
     return client.get_workflow_handle(wait_workflow_id(settings.database_id, dep.key_hash))
 
@@ -235,8 +260,13 @@ async def test_invalid_and_recovery(temporal_env, settings):
             RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
         )
         assert again == 0
-        switch.mode = "converged"
-        assert await handle.result() == 2
+        # The parent links without a wake: the parked wait is woken by the next
+        # recovery's recheck, not by a probe of its own.
+        link(engine)
+        assert await recover_once(client, settings, queue) == 0
+        # Recovery woke the rows itself (0 left for the wait), then ended the wait.
+        assert await asyncio.wait_for(handle.result(), 30) == 0
+        assert {s for s, _c in states(engine, ids[1:]).values()} == {"pending"}
 
 
 async def test_wait_survives_worker_restart(temporal_env, settings):
@@ -254,11 +284,14 @@ async def test_wait_survives_worker_restart(temporal_env, settings):
             cfg(probe_interval_seconds=1, max_probe_interval_seconds=1),
         )
         await asyncio.sleep(0.5)
-    # no worker while the wait sleeps; the owner converges meanwhile
-    switch.mode = "converged"
+    # No worker while the wait is parked; the parent links meanwhile (no wake
+    # sent). The next worker's recovery finds it and completes the same wait.
+    link(engine)
     await asyncio.sleep(1.5)
     async with wait_worker(client, settings, engine, switch, queue):
-        assert await asyncio.wait_for(handle.result(), 20) == 1
+        await recover_once(client, settings, queue)
+        assert await asyncio.wait_for(handle.result(), 20) == 0  # recovery woke the row
+    assert switch.calls == 1
     assert states(engine, ids)[ids[0]][0] == "pending"
 
 
@@ -515,8 +548,9 @@ async def test_expiry_clock_is_per_item(skipping_env, settings):
 
 
 async def test_max_wait_zero_and_no_resolver_never_expire(skipping_env, settings):
-    """``max_wait <= 0`` disables expiry (probes go on); with no resolver every
-    probe fails and reschedules, so nothing expires even far past the max wait."""
+    """``max_wait <= 0`` disables expiry (the wait parks after one unresolved
+    probe, with no timer); with no resolver every probe fails and reschedules,
+    so nothing expires even far past the max wait."""
     engine = queue_db(settings)
     client = skipping_env.client
     queue = settings.identity_task_queue
@@ -557,10 +591,11 @@ async def test_max_wait_zero_and_no_resolver_never_expire(skipping_env, settings
         for _ in range(100):
             s1 = await handle.query(IdentityWaitWorkflow.status)
             s2 = await handle2.query(IdentityWaitWorkflow.status)
-            if s1.probes >= 3 and s2.probes >= 3:
+            if s1.probes >= 1 and s2.probes >= 3:
                 break
             await asyncio.sleep(0.1)
-        assert s1.probes >= 3 and switch.calls >= 3  # it kept probing, unresolved
+        assert s1.probes == 1 and switch.calls == 1  # parked, unresolved
+        assert s1.state == "sleeping" and s1.next_probe is None
         assert s2.probes >= 3 and s2.state == "probe-failed"
         assert states(engine, ids)[ids[0]][0] == "blocked"
         assert states(engine, ids2)[ids2[0]][0] == "blocked"
@@ -611,27 +646,6 @@ def test_probe_edges_late_result_and_resolver_panic(settings):
         else:
             raise AssertionError(f"{resolver.__name__}: probe should have failed")
     assert states(engine, ids)[ids[0]][0] == "blocked"  # a failed probe changes nothing
-
-
-async def test_lost_wake_is_recovered_by_the_next_probe(skipping_env, settings):
-    """A wake that never arrives after the link committed (the signal failed) loses
-    nothing: the wait's next probe sees the link and wakes the items."""
-    engine = queue_db(settings)
-    client = skipping_env.client
-    queue = settings.identity_task_queue
-    ids = block(engine, 2)
-    switch = Switch("unresolved")
-    config = cfg(probe_interval_seconds=30, max_probe_interval_seconds=60, search_attributes=False)
-    async with wait_worker(client, settings, engine, switch, queue):
-        handle = await begin(client, settings, queue, ids, config)
-        for _ in range(100):
-            if switch.calls >= 1:
-                break
-            await asyncio.sleep(0.05)
-        switch.mode = "converged"  # the link committed; its wake signal was lost
-        await skipping_env.sleep(timedelta(minutes=2))
-        assert await asyncio.wait_for(handle.result(), 30) == 2
-        assert {s for s, _c in states(engine, ids).values()} == {"pending"}
 
 
 async def test_woken_item_fails_closed_when_the_link_names_a_missing_record(temporal_env, settings):

@@ -86,6 +86,20 @@ def _row(engine: Engine, work_id: str) -> Any:
         ).one()
 
 
+async def _parked(handle: WorkflowHandle[Any, Any], timeout: float = 60) -> None:
+    """Wait until the wait ``handle`` runs and is parked (``sleeping``)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            if (await handle.query(IdentityWaitWorkflow.status)).state == "sleeping":
+                return
+        except Exception:  # not started yet
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"wait {handle.id} never parked")
+        await asyncio.sleep(0.1)
+
+
 async def _probes(handle: WorkflowHandle[Any, Any], at_least: int, timeout: float = 60) -> int:
     """Wait until the wait ``handle`` probed ``at_least`` times; returns its probe count."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -105,7 +119,9 @@ async def test_late_probe_of_the_first_wait_leaves_the_reblocked_item_alone(
     temporal_env: Any, settings: Settings
 ) -> None:
     """Woken from wait A (its wake signal lost), re-blocked on B: wait A's next
-    probe ends wait A and leaves the item blocked on B, never failed invalid."""
+    probe (asked by ``register()`` without items, as recovery's sweep of waits
+    without blocked items asks it) ends wait A and leaves the item blocked on
+    B, never failed invalid."""
     engine = make_engine(settings.database_url)
     t.system_metadata.create_all(engine)
     client: Client = temporal_env.client
@@ -135,6 +151,7 @@ async def test_late_probe_of_the_first_wait_leaves_the_reblocked_item_alone(
             dependency=DEP_A,
             work_ids=[item.work_id],
             config=config,
+            probe_now=True,
         )
         handle = client.get_workflow_handle(wait_workflow_id(settings.database_id, DEP_A.key_hash))
         await _probes(handle, 1)
@@ -144,7 +161,8 @@ async def test_late_probe_of_the_first_wait_leaves_the_reblocked_item_alone(
         again = _claim_one(engine)
         assert again.work_id == item.work_id
         _block(engine, again, DEP_B)
-        # Wait A probes again, finds none of its own items and ends.
+        # Wait A is parked; asked to probe, it finds none of its own items and ends.
+        await handle.signal(IdentityWaitWorkflow.register)
         assert await asyncio.wait_for(handle.result(), 60) == 0
         status = await handle.query(IdentityWaitWorkflow.status)
         assert status.state == "empty"
@@ -162,11 +180,11 @@ async def test_two_lookups_converge_with_parents_late_in_either_order(
 ) -> None:
     """A Contact looking up an Account and a Contact, both parents arriving late
     (after the child blocked and after its wait probed), in either order, with
-    every wake signal to a wait lost (the next probe must cover it): the child
+    every wake signal to a wait lost (recovery's recheck and its sweep of waits
+    without blocked items must cover it): the child
     converges once with both lookups, no item fails, no attempt is invalid,
     and no item stays blocked on a parent that is linked."""
-    # Probes every 3 s: a parent enqueued just after a probe has its child
-    # woken and blocked again well before the next probe of the first wait.
+    # Waits without blocked items are swept every 3 s (the max probe interval).
     monkeypatch.setenv("NEXUSCRM_CONNECTOR_IDENTITY_PROBE_INTERVAL_SECONDS", "3")
     monkeypatch.setenv("NEXUSCRM_CONNECTOR_IDENTITY_MAX_PROBE_INTERVAL_SECONDS", "3")
 
@@ -215,18 +233,18 @@ async def test_two_lookups_converge_with_parents_late_in_either_order(
         fleet = await start_fleet(client, settings, fast_fleet(settings))
         wq.enqueue(engine, [child])
         await child_blocked_on(DEP_A)  # AccountId is the first lookup
-        seen = await _probes(wait_a, 2)  # late: after the wait's probe interval
-        await _probes(wait_a, seen + 1)  # ... and right after one of its probes
+        await _parked(wait_a)  # late: after the wait parked
+        await asyncio.sleep(1)
         wq.enqueue(engine, [parents[first]])
         if first == "account":
             await child_blocked_on(DEP_B)
-            # Wait A's wake was lost: it keeps probing, finds its item blocked
-            # on B, and ends without touching it.
+            # Wait A's wake was lost: the sweep asks it to probe; it finds its
+            # item blocked on B and ends without touching it.
             assert await asyncio.wait_for(wait_a.result(), 60) == 0
             await child_blocked_on(DEP_B)
-            await _probes(wait_b, 2)
+            await _parked(wait_b)
         else:
-            await _probes(wait_a, seen + 2)
+            await asyncio.sleep(4)  # a sweep and a recheck later: still waiting on A
             await child_blocked_on(DEP_A)
         await assert_no_blocked_on_linked(engine)
         wq.enqueue(engine, [parents[second]])

@@ -3,17 +3,27 @@
 ``IdentityWaitWorkflow``, id ``identity/<database id>/<key hash>``, one per
 dependency: started by signal-with-start (``register(work_ids)``) from the
 activity that registered blocked items, so several items share one wait. It
-probes the owner at once (closing the race with a link finalized between the
-block and the wait), then on a timer (probe interval doubling to its max).
-On ``wake`` (signal, or the ``wake_now`` update that returns the count) or a
-converged probe it wakes its items (blocked -> pending), signals the fleet
-``wake(install_id)`` for their packs, and completes.
+parks at once: no probe (the batch re-read the dependency after its block
+committed, which closes the race with a link finalized meanwhile) and no
+timer but the one to its first item's expiry, so ten thousand parked waits
+cost nothing while idle (issue 16). What wakes it: the ``wake`` signal (or the ``wake_now`` update
+that returns the count) sent by the batch that finalized the dependency, or
+by the fleet's identity recovery, whose one set-based recheck per reconcile
+finds every blocked row whose dependency resolved some other way (the seed's
+per-row 5 s poll, for all rows at once). ``register()`` without items asks
+for a probe now. On a wake or a converged probe it wakes its items (blocked
+-> pending), signals the fleet ``wake(install_id)`` for their packs, and
+completes.
 
 Rules (the seed's): an item expires (``identity-convergence-expired``) only
 when its own ``DependencyBlockedAt`` plus the max wait has passed *and* a
 fresh probe just said the dependency is still unresolved; a probe that fails
-or times out never expires anything, it reschedules. Items whose dependency
-columns were lost are terminalized as invalid by the probe activity.
+or times out never expires anything, it reschedules (probe interval doubling
+to its max). Items whose dependency columns were lost are terminalized as
+invalid by the probe activity.
+
+Histories recorded before the ``identity-wait-parked`` patch replay the
+earlier loop, which probed at once and then on every interval while it waited.
 """
 
 from __future__ import annotations
@@ -38,6 +48,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controlplane import DATABASE_KEY
 
 DEPENDENCY_OBJECT_KEY = SearchAttributeKey.for_keyword("NexusDependencyObject")
+
+PARKED_PATCH = "identity-wait-parked"
+"""Patch id: a wait probes only when due to expire or asked, not at start and per interval."""
 
 _RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -67,14 +80,18 @@ class IdentityWaitWorkflow:
         self.probes = inp.probes
         self.state = "starting"
         self.next_probe: datetime | None = None
+        self.probe_requested = False
 
     @workflow.signal
     def register(self, work_ids: list[str] | None = None) -> None:
         """Items blocked on this dependency (after their block committed).
 
-        Without an argument it only makes the next probe re-read the rows."""
+        Without an argument it asks for a probe now (a parked wait otherwise
+        probes again only when its first item is due to expire)."""
         self.items.update(work_ids or [])
         self.registrations += 1
+        if not work_ids:
+            self.probe_requested = True
 
     @workflow.signal
     def wake(self) -> None:
@@ -163,9 +180,27 @@ class IdentityWaitWorkflow:
             if self.registrations == seen:
                 return total
 
+    def _park_seconds(self, waiting_due: list[datetime], registered: bool) -> float | None:
+        """How long a parked wait sleeps after a probe that said unresolved.
+
+        Until the first waiting item is due to expire; items registered during
+        the probe (their blocked time unknown) are due no earlier than the max
+        wait from now. ``None``: expiry is off, sleep until a wake or a
+        ``register()`` asking for a probe.
+        """
+        cfg = self.inp.config
+        if cfg.max_wait_seconds <= 0:
+            return None
+        now = workflow.now()
+        dues = [(d - now).total_seconds() for d in waiting_due]
+        if registered or not dues:
+            dues.append(cfg.max_wait_seconds)
+        return max(0.001, min(dues))
+
     @workflow.run
     async def run(self, inp: IdentityWaitInput) -> int:
-        """Probe, sleep, wake or expire; returns the number of items woken."""
+        """Probe, park, wake or expire; returns the number of items woken."""
+        parked = workflow.patched(PARKED_PATCH)
         cfg = inp.config
         if cfg.search_attributes:
             workflow.upsert_search_attributes(
@@ -180,55 +215,78 @@ class IdentityWaitWorkflow:
         max_interval = max(interval, cfg.max_probe_interval_seconds)
         probes_this_run = 0
         outcome = "woken"
+        # A parked wait does not probe when it starts: the batch that blocked its
+        # items re-read their dependency after the block committed, and recovery
+        # rechecks every blocked row. Its first probe is at its first due time.
+        skip_probe = parked
         while not self.woken:
-            self.state = "probing"
-            seen = self.registrations
-            alive_until = workflow.now() + timedelta(
-                seconds=max_interval + cfg.liveness_grace_seconds
-            )
-            res = await self._probe_unless_woken(alive_until)
-            probes_this_run += 1
-            if self.woken or (res is not None and res.converged):
-                break
-            # Jitter spreads the probes of waits that blocked together.
-            sleep = interval * workflow.random().uniform(0.8, 1.2)
-            if res is not None:
-                self.items = {i.work_id for i in res.items} | (
-                    self.items if self.registrations != seen else set()
+            sleep: float | None
+            if skip_probe:
+                skip_probe = False
+                failed = False
+                sleep = self._park_seconds([], registered=True)
+            else:
+                self.state = "probing"
+                self.probe_requested = False
+                seen = self.registrations
+                alive_until = workflow.now() + timedelta(
+                    seconds=max_interval + cfg.liveness_grace_seconds
                 )
-                now = workflow.now()
-                if cfg.max_wait_seconds > 0 and res.items:
-                    max_wait = timedelta(seconds=cfg.max_wait_seconds)
-                    due = [
-                        i.work_id
-                        for i in res.items
-                        if datetime.fromisoformat(i.blocked_at).replace(tzinfo=UTC) + max_wait
-                        <= now
-                    ]
-                    if due:
-                        await workflow.execute_local_activity_method(
-                            IdentityActivities.expire,
-                            ExpireRequest(inp.key_hash, due, _iso(now)),
-                            start_to_close_timeout=timedelta(seconds=60),
-                            retry_policy=_RETRY,
-                        )
-                        self.items -= set(due)
-                    waiting = [i for i in res.items if i.work_id not in due]
-                    if waiting:
-                        first_due = min(
-                            datetime.fromisoformat(i.blocked_at).replace(tzinfo=UTC) + max_wait
-                            for i in waiting
-                        )
-                        until_due = (first_due - now).total_seconds()
-                        sleep = max(0.001, min(sleep, until_due))
-                if not self.items and self.registrations == seen:
-                    outcome = "expired" if res.items else "empty"
+                res = await self._probe_unless_woken(alive_until)
+                probes_this_run += 1
+                if self.woken or (res is not None and res.converged):
                     break
-            self.state = "sleeping" if res is not None else "probe-failed"
-            self.next_probe = workflow.now() + timedelta(seconds=sleep)
+                failed = res is None
+                # Jitter spreads the probes of waits that blocked together.
+                sleep = interval * workflow.random().uniform(0.8, 1.2)
+                if res is not None:
+                    self.items = {i.work_id for i in res.items} | (
+                        self.items if self.registrations != seen else set()
+                    )
+                    now = workflow.now()
+                    waiting_due: list[datetime] = []
+                    if cfg.max_wait_seconds > 0 and res.items:
+                        max_wait = timedelta(seconds=cfg.max_wait_seconds)
+                        due = [
+                            i.work_id
+                            for i in res.items
+                            if datetime.fromisoformat(i.blocked_at).replace(tzinfo=UTC) + max_wait
+                            <= now
+                        ]
+                        if due:
+                            await workflow.execute_local_activity_method(
+                                IdentityActivities.expire,
+                                ExpireRequest(inp.key_hash, due, _iso(now)),
+                                start_to_close_timeout=timedelta(seconds=60),
+                                retry_policy=_RETRY,
+                            )
+                            self.items -= set(due)
+                        waiting_due = [
+                            datetime.fromisoformat(i.blocked_at).replace(tzinfo=UTC) + max_wait
+                            for i in res.items
+                            if i.work_id not in due
+                        ]
+                        if waiting_due and not parked:
+                            until_due = (min(waiting_due) - now).total_seconds()
+                            sleep = max(0.001, min(sleep, until_due))
+                    if not self.items and self.registrations == seen:
+                        outcome = "expired" if res.items else "empty"
+                        break
+                    if parked:
+                        sleep = self._park_seconds(waiting_due, self.registrations != seen)
+            self.state = "probe-failed" if failed else "sleeping"
+            self.next_probe = (
+                workflow.now() + timedelta(seconds=sleep) if sleep is not None else None
+            )
             with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(lambda: self.woken, timeout=timedelta(seconds=sleep))
-            interval = min(interval * 2, max_interval)
+                await workflow.wait_condition(
+                    (lambda: self.woken or self.probe_requested)
+                    if parked
+                    else (lambda: self.woken),
+                    timeout=timedelta(seconds=sleep) if sleep is not None else None,
+                )
+            if failed or not parked:
+                interval = min(interval * 2, max_interval)
             if not self.woken and (
                 probes_this_run >= cfg.probes_before_continue_as_new
                 or workflow.info().is_continue_as_new_suggested()

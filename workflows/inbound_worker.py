@@ -2,15 +2,17 @@
 
 Claim a batch (local activity), process it (activity, heartbeating and
 keeping the batch's leases alive), notify identity waits of what it blocked
-or resolved, sleep until ``wake`` or the idle timer, continue-as-new before
-history grows large. A batch whose process activity failed or timed out (its
-worker died) has its leases handed back at once (``connectors.release``), so
-a crash costs the heartbeat timeout, not the lease. Started as a child by
+or resolved (beside the next claim, patch ``notify-beside-claim``), sleep
+until ``wake`` or the idle timer, continue-as-new before history grows large.
+A batch whose process activity failed or timed out (its worker died) has its
+leases handed back at once (``connectors.release``), so a crash costs the
+heartbeat timeout, not the lease. Started as a child by
 ``PackSupervisorWorkflow`` (``workflows.pack_supervisor``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import timedelta
 from typing import Any
@@ -54,6 +56,14 @@ RELEASE_PATCH = "release-abandoned-batch"
 (``connectors.release``)."""
 
 
+NOTIFY_BESIDE_PATCH = "notify-beside-claim"
+"""Patch id: a batch's identity notify runs beside the next claim, not before it, so
+the children its links woke (already ``pending``) are claimed without waiting for it."""
+
+NOTIFIES_IN_FLIGHT = 2
+"""Notifies one worker keeps running beside its claims; the next waits for the oldest."""
+
+
 def process_heartbeat_timeout(config: InboundWorkerConfig) -> timedelta:
     """The process activity's heartbeat timeout: the config's, or (when that is not
     positive) ``max(5 s, lease / 2)``."""
@@ -89,6 +99,7 @@ class InboundWorkerWorkflow:
         self.woken = False
         self.draining = False
         self.batches = 0
+        self.notifies: list[asyncio.Task[None]] = []
 
     @workflow.signal
     def wake(self) -> None:
@@ -144,6 +155,25 @@ class InboundWorkerWorkflow:
         except ActivityError as err:
             workflow.logger.warning("identity wait notify failed; recovery covers it: %s", err)
 
+    async def _notify_beside(
+        self, config: InboundWorkerConfig, blocked: list[Any], wake_keys: list[str]
+    ) -> None:
+        """Start the batch's notify and return: it runs beside the next claim.
+
+        At most :data:`NOTIFIES_IN_FLIGHT` run at once (the oldest is awaited
+        first); all are awaited before continue-as-new and before returning.
+        """
+        self.notifies = [n for n in self.notifies if not n.done()]
+        if len(self.notifies) >= NOTIFIES_IN_FLIGHT:
+            await self.notifies.pop(0)
+        self.notifies.append(asyncio.ensure_future(self._notify(config, blocked, wake_keys)))
+
+    async def _notifies_done(self) -> None:
+        """Wait for the notifies still running (before continue-as-new or return)."""
+        notifies, self.notifies = self.notifies, []
+        for n in notifies:
+            await n
+
     @workflow.run
     async def run(self, config: InboundWorkerConfig) -> str:
         """Loop until drained; continue-as-new every N batches or when history is large."""
@@ -179,7 +209,10 @@ class InboundWorkerWorkflow:
                         workflow.logger.warning("batch abandoned, leases will expire: %s", err)
                 else:
                     if result.blocked or result.wake_keys:
-                        await self._notify(config, result.blocked, result.wake_keys)
+                        if workflow.patched(NOTIFY_BESIDE_PATCH):
+                            await self._notify_beside(config, result.blocked, result.wake_keys)
+                        else:
+                            await self._notify(config, result.blocked, result.wake_keys)
                 self.batches += 1
             else:
                 with contextlib.suppress(TimeoutError):
@@ -191,6 +224,8 @@ class InboundWorkerWorkflow:
                 self.batches >= config.batches_before_continue_as_new
                 or workflow.info().is_continue_as_new_suggested()
             ):
+                await self._notifies_done()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(config)
+        await self._notifies_done()
         return "drained"

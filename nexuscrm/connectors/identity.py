@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, and_, bindparam, func, select, text
 
 from nexuscrm import catalog
 from nexuscrm.contracts import DependencySpec
@@ -182,6 +182,74 @@ def resolved_keys(engine: Engine, deps: Iterable[Dependency]) -> set[str]:
     """
     by_key = {d.key_hash: d for d in deps}
     return {key for key, dep in sorted(by_key.items()) if probe(engine, dep)}
+
+
+RESOLVED_CHUNK = 500
+"""Record ids per existence read of :func:`resolved_blocked_keys`."""
+
+
+def resolved_blocked_keys(engine: Engine) -> set[str]:
+    """Key hashes of every blocked item whose dependency exists now (one set-based recheck).
+
+    The seed polls each blocked row every 5 s; here the fleet's identity
+    recovery asks once for all of them (issue 16), so a parked wait needs no
+    probes of its own while idle: one join of the blocked rows
+    (``ix_ConnectorWorkItem_Dependency``) with the remote links by primary
+    key, and for ``record`` dependencies, one ``Id IN (...)`` read per object
+    and 500 ids. Rows whose columns are incomplete are left to the invalid
+    sweep. Reads only.
+    """
+    w, rl = t.connector_work_item, t.connector_remote_link
+    blocked = (w.c.DependencyKeyHash.is_not(None), w.c.State == "blocked")
+    out: set[str] = set()
+    with engine.connect() as conn:
+        out.update(
+            conn.execute(
+                select(w.c.DependencyKeyHash)
+                .join(
+                    rl,
+                    and_(
+                        rl.c.ConnectorOwnerKey == w.c.DependencyConnectorOwnerKey,
+                        rl.c.Namespace == w.c.DependencyConnectorNamespace,
+                        rl.c.DestinationObject
+                        == func.coalesce(
+                            w.c.DependencyDestinationSlotId, w.c.DependencyObjectAPIName
+                        ),
+                        rl.c.RemoteId == w.c.DependencyConnectorRemoteId,
+                    ),
+                )
+                .where(*blocked, w.c.DependencyKind == KIND_REMOTE_IDENTITY)
+                .distinct()
+            ).scalars()
+        )
+        records: dict[str, dict[str, set[str]]] = {}
+        for key, obj, rid in conn.execute(
+            select(w.c.DependencyKeyHash, w.c.DependencyObjectAPIName, w.c.DependencyRecordId)
+            .where(*blocked, w.c.DependencyKind == KIND_RECORD)
+            .distinct()
+        ):
+            if obj and rid:
+                records.setdefault(obj, {}).setdefault(rid, set()).add(key)
+        if not records:
+            return out
+        cat = catalog.CACHE.get(engine)
+        quote = conn.dialect.identifier_preparer.quote
+        for obj_name, by_id in sorted(records.items()):
+            obj = cat.get(obj_name)
+            if obj is None or not obj.has_table:
+                continue
+            ids = sorted(by_id)
+            sql = text(
+                f"SELECT {quote('Id')} FROM {quote(obj.table_name)} WHERE {quote('Id')} IN :ids"
+            ).bindparams(bindparam("ids", expanding=True))
+            for start in range(0, len(ids), RESOLVED_CHUNK):
+                found = conn.execute(
+                    sql,
+                    {"ids": ids[start : start + RESOLVED_CHUNK]},
+                ).scalars()
+                for rid in found:
+                    out.update(by_id.get(rid, ()))
+    return out
 
 
 def wait_workflow_id(database_id: str, key_hash: str) -> str:

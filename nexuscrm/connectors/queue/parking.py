@@ -206,6 +206,18 @@ def blocked_keys(engine: Engine, key_hashes: Sequence[str]) -> set[str]:
     return out
 
 
+def blocked_key_set(engine: Engine) -> set[str]:
+    """Every key hash some item is ``blocked`` on (``ix_ConnectorWorkItem_Dependency``)."""
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                select(_w.c.DependencyKeyHash)
+                .where(_w.c.DependencyKeyHash.is_not(None), _w.c.State == STATE_BLOCKED)
+                .distinct()
+            ).scalars()
+        )
+
+
 WokenHook = Callable[[str, float], None]
 """Called once per woken item after the wake committed: ``(installed pack id,
 seconds parked)``, from the item's ``DependencyBlockedAt`` to the wake's ``now``
