@@ -24,7 +24,7 @@ from temporalio.client import WorkflowExecutionStatus
 from nexuscrm.connectors.identity import Dependency, resolved_blocked_keys
 from nexuscrm.db import tables as t
 from tests.builders import blocked_on_linked, no_blocked_on_linked_after
-from tests.test_identity import (
+from tests.identity_waits import (
     DEP,
     RecoverOnce,
     Switch,
