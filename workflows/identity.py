@@ -63,7 +63,11 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).replace(tzinfo=None).isoformat()
 
 
-@workflow.defn(name="IdentityWait")
+# Not sandboxed: ten thousand parked waits are created, evicted from the worker's
+# cache and replayed on their wake; the sandbox's per-instance module
+# re-import was most of that CPU (issue 16). The code stays deterministic (no
+# I/O, clocks or randomness but ``workflow.*``); the replay test guards it.
+@workflow.defn(name="IdentityWait", sandboxed=False)
 class IdentityWaitWorkflow:
     """One identity-convergence wait. Signals ``register(work_ids)``, ``wake``;
     update ``wake_now`` (count woken; 0 for a duplicate); query ``status``.
