@@ -8,9 +8,11 @@ it), and the link a parent's batch would write. Real databases and servers.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select, update
 from temporalio import workflow
 from temporalio.client import Client
@@ -25,8 +27,16 @@ from nexuscrm.contracts import IdentityWaitConfig
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
-from tests.builders import event
+from tests.builders import event, no_blocked_on_linked_after
 from workflows.identity import IdentityWaitWorkflow
+
+
+@pytest.fixture(autouse=True)
+def no_blocked_on_linked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Autouse where imported: the test ends with no item blocked on a dependency
+    that exists (issue 16)."""
+    yield from no_blocked_on_linked_after(request)
+
 
 DEP = Dependency.remote("salesforce-sync", "salesforce-sync", "Account", "acct-1")
 
@@ -39,7 +49,7 @@ class RecoverOnce:
             "identity.recover",
             database_id,
             result_type=int,
-            start_to_close_timeout=timedelta(seconds=60),
+            start_to_close_timeout=timedelta(seconds=120),
             retry_policy=RetryPolicy(maximum_attempts=1),
         )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -31,7 +30,6 @@ from tests.builders import (
     connector_settings,
     fast_fleet,
     install,
-    no_blocked_on_linked_after,
     record_upsert,
     sync_corpus_data_plans_shuffled,
 )
@@ -43,6 +41,7 @@ from tests.identity_waits import (
     block,
     cfg,
     link,
+    no_blocked_on_linked,  # noqa: F401 (autouse)
     queue_db,
     recover_once,
     set_blocked_at,
@@ -50,12 +49,6 @@ from tests.identity_waits import (
     wait_worker,
 )
 from workflows.identity import IdentityWaitWorkflow
-
-
-@pytest.fixture(autouse=True)
-def _no_blocked_on_linked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test ends with no item blocked on a dependency that exists (issue 16)."""
-    yield from no_blocked_on_linked_after(request)
 
 
 async def test_wake_without_waiter_and_duplicate_wakes(temporal_env, settings):

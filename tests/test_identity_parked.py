@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import insert
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
 from nexuscrm.connectors.identity import Dependency, resolved_blocked_keys
 from nexuscrm.db import tables as t
-from tests.builders import blocked_on_linked, no_blocked_on_linked_after
+from tests.builders import blocked_on_linked
 from tests.identity_waits import (
     DEP,
     RecoverOnce,
@@ -32,18 +30,13 @@ from tests.identity_waits import (
     block,
     cfg,
     link,
+    no_blocked_on_linked,  # noqa: F401 (autouse)
     queue_db,
     set_blocked_at,
     states,
     wait_worker,
 )
 from workflows.identity import IdentityWaitWorkflow
-
-
-@pytest.fixture(autouse=True)
-def _no_blocked_on_linked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test ends with no item blocked on a dependency that exists (issue 16)."""
-    yield from no_blocked_on_linked_after(request)
 
 
 async def _probes(handle) -> int:

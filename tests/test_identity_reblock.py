@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,18 +37,11 @@ from tests.builders import (
     event,
     fast_fleet,
     install,
-    no_blocked_on_linked_after,
     record_upsert,
     wait_drained,
 )
+from tests.identity_waits import no_blocked_on_linked  # noqa: F401 (autouse)
 from workflows.identity import IdentityWaitWorkflow
-
-
-@pytest.fixture(autouse=True)
-def _no_blocked_on_linked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test ends with no item blocked on a dependency that exists (issue 16)."""
-    yield from no_blocked_on_linked_after(request)
-
 
 NS = "salesforce-sync"
 DEP_A = Dependency.remote(NS, NS, "Account", "a1")

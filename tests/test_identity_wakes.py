@@ -23,9 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
-from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.common import RetryPolicy
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -51,6 +49,7 @@ from tests.builders import (
     record_upsert,
     wait_drained,
 )
+from tests.identity_waits import RecoverOnce
 from workflows.identity import IdentityWaitWorkflow
 
 BURSTS = 5
@@ -164,21 +163,6 @@ async def test_no_wake_lost_with_parents_in_bursts(temporal_env, settings, monke
         assert by_state == {"succeeded": 2 * BURSTS * PER_BURST}
         await fleet.signal("stop")
         await fleet.result()
-
-
-@workflow.defn(name="RecoverOnce", sandboxed=False)
-class RecoverOnce:
-    """Runs ``identity.recover`` once (as a fleet reconcile does); returns waits started."""
-
-    @workflow.run
-    async def run(self, database_id: str) -> int:
-        return await workflow.execute_activity(
-            "identity.recover",
-            database_id,
-            result_type=int,
-            start_to_close_timeout=timedelta(seconds=120),
-            retry_policy=RetryPolicy(maximum_attempts=1),
-        )
 
 
 def _block_each(engine: Any, deps: list[Dependency]) -> dict[str, list[str]]:
