@@ -154,8 +154,8 @@ class Finisher:
         """Finish ``item`` after an exception no handler expected: retried when it is a
         transient database error and attempts remain, else failed ``flow-error`` naming it."""
         try:
-            if is_transient(exc) and item.attempt < self.max_attempts:
-                delay = queue.retry_backoff(item.attempt)
+            if is_transient(exc) and item.budget_attempt < self.max_attempts:
+                delay = queue.retry_backoff(item.budget_attempt)
                 self.retry(item, "transient-db", describe_error(exc), delay, outcome)
             else:
                 log.error("work item raised", work_id=item.work_id, err=describe_error(exc))
@@ -175,8 +175,8 @@ class Finisher:
             self.block(conn, item, exc, outcome)
             return
         if isinstance(exc, FlowError):
-            if exc.retriable and item.attempt < self.max_attempts:
-                delay = queue.retry_backoff(item.attempt)
+            if exc.retriable and item.budget_attempt < self.max_attempts:
+                delay = queue.retry_backoff(item.budget_attempt)
                 queue.finish_retry(
                     conn,
                     item,

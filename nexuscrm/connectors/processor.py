@@ -666,16 +666,16 @@ class Processor:
                 self.engine, outcome.blocked[-1:], outcome, self._woken_hook("self")
             )
         except FlowError as exc:
-            if exc.retriable and item.attempt < self.max_attempts:
-                delay = queue.retry_backoff(item.attempt)
+            if exc.retriable and item.budget_attempt < self.max_attempts:
+                delay = queue.retry_backoff(item.budget_attempt)
                 self.finish.retry(item, exc.failure_class, str(exc), delay, outcome)
             else:
                 self.finish.failed(item, exc.failure_class, str(exc), outcome)
         except queue.LeaseLost:
             raise
         except Exception as exc:
-            if is_transient(exc) and item.attempt < self.max_attempts:
-                delay = queue.retry_backoff(item.attempt)
+            if is_transient(exc) and item.budget_attempt < self.max_attempts:
+                delay = queue.retry_backoff(item.budget_attempt)
                 self.finish.retry(item, "transient-db", describe_error(exc), delay, outcome)
             else:
                 log.error("flow raised", work_id=item.work_id, err=describe_error(exc))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm.connectors.queue.fencing import check_claim_fence
@@ -24,10 +24,12 @@ from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     FAILURE_ATTEMPTS_EXHAUSTED,
     OUTCOME_ABANDONED,
+    OUTCOME_BLOCKED,
     OUTCOME_FAILED,
     STATE_FAILED,
     STATE_PROCESSING,
     ClaimSchemaMissing,
+    _a,
     _case,
     _e,
     _lease_until,
@@ -201,12 +203,18 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
                 break
         if not picked:
             return []
-        exhausted = [c for c in picked if c.attempt >= spec.max_attempts]
-        if exhausted:
-            _fail_exhausted(conn, exhausted, spec.max_attempts, when)
-            picked = [c for c in picked if c.attempt < spec.max_attempts]
-            if not picked:
-                return []
+        at_cap = [c for c in picked if c.attempt >= spec.max_attempts]
+        if at_cap:  # attempts that ended blocked do not count (MAX_ATTEMPTS)
+            blocked = _blocked_attempts(conn, [c.work_id for c in at_cap])
+            exhausted = [
+                c for c in at_cap if c.attempt - blocked.get(c.work_id, 0) >= spec.max_attempts
+            ]
+            if exhausted:
+                _fail_exhausted(conn, exhausted, spec.max_attempts, when)
+                gone = {c.work_id for c in exhausted}
+                picked = [c for c in picked if c.work_id not in gone]
+                if not picked:
+                    return []
         tokens = {c.work_id: uuid.uuid4().hex for c in picked}
         # One compare-and-set UPDATE for the batch: each row must still be in
         # the (State, LeaseToken, Attempt) it was chosen in. Which rows won is
@@ -443,6 +451,28 @@ def _leased_rows(conn: Connection, tokens: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _blocked_attempts(conn: Connection, work_ids: Sequence[str]) -> dict[str, int]:
+    """Attempts of each work item that ended ``blocked`` (attempt rows), by work id."""
+    if not work_ids:
+        return {}
+    rows = conn.execute(
+        select(_a.c.WorkId, func.count())
+        .where(_a.c.WorkId.in_(list(work_ids)), _a.c.OutcomeState == OUTCOME_BLOCKED)
+        .group_by(_a.c.WorkId)
+    ).all()
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def _with_blocked_attempts(conn: Connection, items: list[ClaimedItem]) -> list[ClaimedItem]:
+    """Set ``blocked_attempts`` of items past their first attempt (one grouped read)."""
+    later = [i.work_id for i in items if i.attempt > 1]
+    if later:
+        blocked = _blocked_attempts(conn, later)
+        for item in items:
+            item.blocked_attempts = blocked.get(item.work_id, 0)
+    return items
+
+
 def _item(r: Any) -> ClaimedItem:
     return ClaimedItem(
         work_id=r.WorkId,
@@ -474,7 +504,9 @@ def _load_claimed(
 ) -> list[ClaimedItem]:
     """The picked items this claim won (their token is ours), with their events, in pick order."""
     rows = _leased_rows(conn, tokens)
-    return [_item(rows[c.work_id]) for c in picked if c.work_id in rows]
+    return _with_blocked_attempts(
+        conn, [_item(rows[c.work_id]) for c in picked if c.work_id in rows]
+    )
 
 
 def load_claimed(
@@ -491,7 +523,8 @@ def load_claimed(
     tokens = dict(leases)
     with engine.connect() as conn:
         rows = _leased_rows(conn, tokens)
-    if fencing_token is not None:
-        fence = fence_value(fencing_token)
-        rows = {w: r for w, r in rows.items() if r.FencingToken == fence}
-    return [_item(rows[w]) for w in dict.fromkeys(w for w, _t in leases) if w in rows]
+        if fencing_token is not None:
+            fence = fence_value(fencing_token)
+            rows = {w: r for w, r in rows.items() if r.FencingToken == fence}
+        items = [_item(rows[w]) for w in dict.fromkeys(w for w, _t in leases) if w in rows]
+        return _with_blocked_attempts(conn, items)

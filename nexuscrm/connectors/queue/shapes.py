@@ -91,6 +91,16 @@ class ClaimedItem:
     an unfenced claim). Every finish, extension and release compares it."""
     generation: int = 0
     """The fence generation of the claim (its ``Generation``)."""
+    blocked_attempts: int = 0
+    """Earlier attempts of the item that ended ``blocked`` on an identity
+    dependency (attempt rows); they do not count toward ``MAX_ATTEMPTS``."""
+
+    @property
+    def budget_attempt(self) -> int:
+        """This attempt's number among those that count toward ``MAX_ATTEMPTS``:
+        ``attempt`` less the earlier attempts that ended ``blocked`` (a wake of a
+        dependency that is still missing runs the item, which blocks again)."""
+        return self.attempt - self.blocked_attempts
 
 
 @dataclass(frozen=True)

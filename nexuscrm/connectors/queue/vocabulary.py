@@ -45,9 +45,12 @@ _SEQ_WIDTH = 16
 
 MAX_ATTEMPTS = 8
 """Attempts a work item gets, however each ends (finished, retried, abandoned by a
-dead or failed worker, handed back): the processor fails a retriable error on
-the last one, and the claim fails an item that has used them all
-(``attempts-exhausted``) instead of leasing it again."""
+dead or failed worker, handed back), except attempts that ended ``blocked`` on an
+identity dependency (their dependency's wait bounds them, by its max wait): the
+processor fails a retriable error on the last one, and the claim fails an item
+that has used them all (``attempts-exhausted``) instead of leasing it again. A
+wake of a dependency that does not exist yet, repeated by hand, so never uses
+up an item's attempts."""
 FAILURE_ATTEMPTS_EXHAUSTED = "attempts-exhausted"
 
 RETRY_BACKOFF_BASE = timedelta(seconds=1)
