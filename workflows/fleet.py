@@ -63,6 +63,11 @@ with workflow.unsafe.imports_passed_through():
 # A fleet ``wake`` without an install id wakes every pool.
 WAKE_ALL = "*"
 
+BACKLOG_WAKE_PATCH = "backlog-wake"
+"""Patch id: a periodic reconcile wakes each kept pool the plan flags ``stalled``
+(claimable work while a worker holds no lease, ``queue.stalled_pack``): the seed's
+backlog reconcile, now that idle workers back their timers off (``idle-backoff``)."""
+
 
 def supervisor_workflow_id(database_id: str, pack: DesiredPack, generation: int) -> str:
     """``connector/<db>/<pack>/<install>/supervisor-<fingerprint>-<n>``.
@@ -108,9 +113,11 @@ class ConnectorFleetWorkflow:
     reconcile, any other signal failure is recorded in ``last_error``; pools
     carry the ``NexusDatabase`` / ``NexusPack`` search attributes; the fleet
     continues-as-new when the server suggests it or the history passes
-    ``HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW``. ``prune`` and every reconcile
-    hold one lock (samples-python ``safe_message_handlers``), so a paused
-    reconcile never restarts a pool prune just removed.
+    ``HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW``. Under patch ``backlog-wake``: a
+    periodic reconcile wakes the kept pools the plan flags ``stalled``.
+    ``prune`` and every reconcile hold one lock (samples-python
+    ``safe_message_handlers``), so a paused reconcile never restarts a pool
+    prune just removed.
 
     Pools are started with ABANDON so they outlive this workflow's
     continue-as-new; the next run adopts them from its input.
@@ -138,6 +145,7 @@ class ConnectorFleetWorkflow:
         self.lifecycle_busy = 0
         self.lock = asyncio.Lock()  # prune and reconcile, one at a time
         self.v2 = False
+        self.backlog_wake = False
 
     @workflow.signal
     def reconcile(self) -> None:
@@ -273,6 +281,7 @@ class ConnectorFleetWorkflow:
             scheduler_owner_id=pack.scheduler_owner_id,
             fencing_token=pack.fencing_token,
             heartbeat_timeout_seconds=self.inp.heartbeat_timeout_seconds,
+            idle_max_seconds=self.inp.idle_max_seconds,
         )
         self.inp.pools_started += 1
         pack.supervisor_workflow_id = supervisor_workflow_id(
@@ -374,7 +383,9 @@ class ConnectorFleetWorkflow:
                 if pack is not None:
                     if d.pack is not None:
                         pack.degraded = d.pack.degraded
-                    if not self.v2:  # v2: no keep-wakes through history (idle timers)
+                    # v2: a kept pool is woken through history only when the plan
+                    # flags it stalled (backlog-wake); its workers have idle timers.
+                    if not self.v2 or (self.backlog_wake and d.stalled):
                         await self._signal(pack, "wake")
             elif d.action == ACTION_PRESERVE:
                 workflow.logger.warning("pool %s preserved: %s", d.key, d.reason)
@@ -448,6 +459,7 @@ class ConnectorFleetWorkflow:
         reconcile fails; nothing is left running then.
         """
         self.v2 = workflow.patched("fleet-lifecycle-v2")
+        self.backlog_wake = workflow.patched(BACKLOG_WAKE_PATCH)
         if not inp.fleet_epoch:
             inp.fleet_epoch = workflow.info().first_execution_run_id
         forwarder = asyncio.ensure_future(self._forward_wakes())

@@ -3,7 +3,8 @@
 Claim a batch (local activity), process it (activity, heartbeating and
 keeping the batch's leases alive), notify identity waits of what it blocked
 or resolved (beside the next claim, patch ``notify-beside-claim``), sleep
-until ``wake`` or the idle timer, continue-as-new before history grows large.
+until ``wake`` or the idle timer (backed off while claims come back empty,
+patch ``idle-backoff``), continue-as-new before history grows large.
 A batch whose process activity failed or timed out (its worker died) has its
 leases handed back at once (``connectors.release``), so a crash costs the
 heartbeat timeout, not the lease. Started as a child by
@@ -60,6 +61,11 @@ NOTIFY_BESIDE_PATCH = "notify-beside-claim"
 """Patch id: a batch's identity notify runs beside the next claim, not before it, so
 the children its links woke (already ``pending``) are claimed without waiting for it."""
 
+IDLE_BACKOFF_PATCH = "idle-backoff"
+"""Patch id: each further empty claim doubles the idle timer, from ``idle_seconds`` up
+to ``idle_max_seconds``; a claimed batch or a ``wake`` resets it. The fleet's periodic
+reconcile wakes a pool with claimable work and an idle worker (``backlog-wake``)."""
+
 NOTIFIES_IN_FLIGHT = 2
 """Notifies one worker keeps running beside its claims; the next waits for the oldest."""
 
@@ -99,12 +105,25 @@ class InboundWorkerWorkflow:
         self.woken = False
         self.draining = False
         self.batches = 0
+        self.empty_claims = 0  # in a row; the idle timer doubles with each (idle-backoff)
         self.notifies: list[asyncio.Task[None]] = []
 
     @workflow.signal
     def wake(self) -> None:
-        """Claimable work may exist: cut the idle wait short."""
+        """Claimable work may exist: cut the idle wait short (and its backoff)."""
         self.woken = True
+        self.empty_claims = 0
+
+    def idle_timeout(self, config: InboundWorkerConfig, backoff: bool) -> timedelta:
+        """The idle timer after an empty claim: ``idle_seconds``, doubled per earlier
+        empty claim in a row up to ``idle_max_seconds`` (``backoff``, patch
+        ``idle-backoff``); counts this empty claim."""
+        seconds = config.idle_seconds
+        if backoff:
+            cap = max(config.idle_seconds, config.idle_max_seconds)
+            seconds = min(cap, config.idle_seconds * 2 ** min(self.empty_claims, 30))
+            self.empty_claims += 1
+        return timedelta(seconds=seconds)
 
     @workflow.signal
     def drain(self) -> None:
@@ -178,6 +197,7 @@ class InboundWorkerWorkflow:
     async def run(self, config: InboundWorkerConfig) -> str:
         """Loop until drained; continue-as-new every N batches or when history is large."""
         owner = f"{workflow.info().workflow_id}/{workflow.info().run_id}"
+        backoff = workflow.patched(IDLE_BACKOFF_PATCH)
         while not self.draining:
             self.woken = False
             leases = await workflow.execute_local_activity_method(
@@ -214,11 +234,12 @@ class InboundWorkerWorkflow:
                         else:
                             await self._notify(config, result.blocked, result.wake_keys)
                 self.batches += 1
+                self.empty_claims = 0
             else:
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
                         lambda: self.woken or self.draining,
-                        timeout=timedelta(seconds=config.idle_seconds),
+                        timeout=self.idle_timeout(config, backoff),
                     )
             if (
                 self.batches >= config.batches_before_continue_as_new

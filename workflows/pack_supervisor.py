@@ -168,6 +168,7 @@ class PackSupervisorWorkflow:
             fencing_token=c.fencing_token,
             drain_only=c.drain_only,
             heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
+            idle_max_seconds=c.idle_max_seconds,
         )
 
     async def _supervise(self, slot: _Slot) -> None:

@@ -175,6 +175,7 @@ class Resolvers:
     retire_drained: Callable[[Engine, str], bool] = retire_drained
     settle_incarnations: Callable[[Engine], None] = settle
     take_fence: Callable[[Engine, str, str, str], admission.Activation] = admission.take_fence
+    stalled_pack: Callable[..., bool] = queue.stalled_pack
 
 
 # --- the plan -------------------------------------------------------------------------
@@ -239,7 +240,31 @@ def plan_reconcile(
         _take_fences(engine, plan, r, knobs, startup, running, fleet_epoch)
     except _Fatal as exc:
         return ReconcileOutcome(blocked=plan.blocked, error=str(exc), fatal=True)
+    if mode == MODE_PERIODIC:
+        _mark_stalled(engine, plan, r)
     return plan
+
+
+def _mark_stalled(engine: Engine, plan: ReconcileOutcome, r: Resolvers) -> None:
+    """Periodic reconcile: flag kept pools with claimable work and a worker without a lease.
+
+    The fleet wakes them (the seed's backlog reconcile; workers back their idle
+    timers off). A read error leaves the pool unflagged: its workers' idle
+    timers still run, and the next reconcile looks again.
+    """
+    for d in plan.decisions:
+        if d.action != ACTION_KEEP or d.pack is None:
+            continue
+        try:
+            d.stalled = r.stalled_pack(
+                engine,
+                d.install_id,
+                d.pack.worker_count,
+                d.pack.max_processing_rows,
+                generation=d.pack.generation,
+            )
+        except SQLAlchemyError as exc:
+            log.warning("stalled-pool check failed", pack=d.key, err=describe_error(exc))
 
 
 def _take_fences(

@@ -20,7 +20,8 @@ class InboundWorkerConfig:
     """One inbound worker: its pack incarnation, queue profile and budget.
 
     lease_seconds: how long a claim is held unless its batch extends it; idle_seconds:
-    how long the worker sleeps when it found nothing (a ``wake`` cuts it short);
+    how long the worker sleeps when it found nothing (a ``wake`` cuts it short),
+    doubled after each further empty claim up to idle_max_seconds;
     heartbeat_timeout_seconds: the process activity's heartbeat timeout, how
     long a dead worker's batch goes unnoticed before its leases are handed
     back (``<= 0``: ``max(5, lease_seconds / 2)``).
@@ -46,6 +47,9 @@ class InboundWorkerConfig:
     fencing_token: str = ""
     drain_only: bool = False
     heartbeat_timeout_seconds: float = 0.0
+    # Under patch ``idle-backoff``: consecutive empty claims double the idle
+    # timer from idle_seconds up to this (a ``wake`` or a claimed batch resets it).
+    idle_max_seconds: float = 60.0
 
 
 @dataclass
@@ -133,6 +137,8 @@ class SupervisorConfig:
     pool_id: str = ""
     # The workers' process heartbeat timeout (0: derived from the lease).
     heartbeat_timeout_seconds: float = 0.0
+    # The workers' backed-off idle timer cap (InboundWorkerConfig.idle_max_seconds).
+    idle_max_seconds: float = 60.0
 
 
 @dataclass
@@ -208,6 +214,9 @@ class FleetInput:
     # The inbound workers' process heartbeat timeout: how long a dead worker's
     # batch holds its leases (0: max(5, lease_seconds / 2)).
     heartbeat_timeout_seconds: float = 0.0
+    # The workers' backed-off idle timer cap (InboundWorkerConfig.idle_max_seconds);
+    # the periodic reconcile wakes a stalled pool sooner (patch ``backlog-wake``).
+    idle_max_seconds: float = 60.0
 
 
 @dataclass
@@ -234,6 +243,9 @@ class ReconcileDecision:
     reason: str = ""
     gap: str = ""
     pack: DesiredPack | None = None
+    # keep, periodic reconcile: claimable work while a worker holds no lease
+    # (``queue.stalled_pack``); the fleet wakes the pool (patch ``backlog-wake``).
+    stalled: bool = False
 
 
 @dataclass

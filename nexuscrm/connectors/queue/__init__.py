@@ -89,7 +89,7 @@ Modules (import from the package: it re-exports every public name)::
     leases      extend_leases, hold_leases, release_leases, finish_*, retry_backoff,
                 attempt rows
     parking     identity-convergence blocks: block_item, wake_*, expire, recovery
-    stats       pack_queue_stats, processing_pressure
+    stats       pack_queue_stats, processing_pressure, stalled_pack
 """
 
 from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
@@ -144,7 +144,7 @@ from nexuscrm.connectors.queue.shapes import (
     EnqueueResult,
     PackQueueStats,
 )
-from nexuscrm.connectors.queue.stats import pack_queue_stats, processing_pressure
+from nexuscrm.connectors.queue.stats import pack_queue_stats, processing_pressure, stalled_pack
 from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     EVENT_ID_PREFIX,
@@ -246,6 +246,7 @@ __all__ = [
     "release_leases",
     "replay",
     "retry_backoff",
+    "stalled_pack",
     "superseding_items",
     "take_fence",
     "terminalize_invalid",

@@ -1,4 +1,4 @@
-"""Observability: queue numbers per pack and a pack's processing pressure."""
+"""Observability: queue numbers per pack, a pack's processing pressure, stalled packs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select
 
+from nexuscrm.connectors.queue.scan import _pick
 from nexuscrm.connectors.queue.shapes import PackQueueStats
 from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
@@ -102,3 +103,63 @@ def processing_pressure(
     with engine.connect() as conn:
         processing, stale_n = conn.execute(stmt).one()
     return int(processing), int(stale_n)
+
+
+def stalled_pack(
+    engine: Engine,
+    installed_pack_id: str,
+    worker_count: int,
+    max_processing_rows: int,
+    now: datetime | None = None,
+    *,
+    generation: int | None = None,
+) -> bool:
+    """Whether a pack has claimable work while some of its workers hold no lease.
+
+    The fleet's periodic backlog reconcile (the seed's ``reconcileBacklog``,
+    every 5 s) wakes such a pool: its idle workers back their idle timers off
+    (up to ``idle_max_seconds``), so work that arrives without a ``wake`` (a
+    retry whose ``RunAfter`` came due, a stale lease, an item enqueued by
+    another program) is claimed within one reconcile, not one backed-off
+    idle timer. A pool whose ``worker_count`` lease owners all hold live
+    leases is busy: each worker claims again when its batch ends, so no wake
+    is needed (and none is sent while the pool is busy). ``generation``: the
+    serving pool's claim-fence generation; only leases claimed under it count
+    as its workers' (a rebuilt pool's workers are idle while the old pool's
+    draining workers still hold leases: they are woken).
+
+    Claimable is decided by the claim's own candidate scan (lane heads,
+    target-exclusive, within the processing budget: see
+    :func:`nexuscrm.connectors.queue.claiming.claim`), read-only, for one
+    candidate: items pending behind a ``blocked`` lane head are not claimable
+    and wake nothing; new items only while the pack's processing rows are
+    under ``max_processing_rows``. One read of the pack's processing rows
+    plus that scan.
+    """
+    when = _now(now)
+    with engine.connect() as conn:
+        processing = conn.execute(
+            select(
+                _w.c.TargetMutationLaneKey, _w.c.LeaseUntil, _w.c.LeaseOwner, _w.c.Generation
+            ).where(
+                _w.c.InstalledPackId == installed_pack_id,
+                _w.c.State == STATE_PROCESSING,
+                _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
+                ~_parked(_w),
+            )
+        ).all()
+        live = [r for r in processing if r[1] is not None and r[1] >= when]
+        ours = [r for r in live if generation is None or int(r[3] or 0) == generation]
+        if len({r[2] for r in ours}) >= max(1, worker_count):
+            return False
+        got = _pick(
+            conn,
+            installed_pack_id,
+            [],
+            [],
+            when,
+            1,
+            {r[0] for r in live},
+            new_budget=max(0, max_processing_rows - len(processing)),
+        )
+    return bool(got)
