@@ -8,16 +8,82 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import re
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from nexuscrm.contracts.controlplane_queue import MAX_QUEUE_WAIT_SECONDS
+
 _SLUG_RE = re.compile(r"[^a-z0-9]+")
 KNOWN_ENVS = frozenset({"development", "dev", "test", "staging", "production", "prod"})
+
+
+@dataclass(frozen=True)
+class NumericRange:
+    """The accepted values of one numeric setting: finite, ``low`` to ``high``.
+
+    ``low_open``: ``low`` itself is refused (the value must be above it).
+    ``unit`` is printed after the bounds (``seconds``, ``probes per second``).
+    """
+
+    env: str
+    low: float
+    high: float
+    unit: str
+    low_open: bool = False
+
+    def describe(self) -> str:
+        """``from 0 to 3,600 seconds`` / ``above 0, at most 86,400 seconds``."""
+        if self.low_open:
+            return f"above {self.low:,g} and at most {self.high:,g} {self.unit}"
+        return f"from {self.low:,g} to {self.high:,g} {self.unit}"
+
+
+NUMERIC_RANGES: dict[str, NumericRange] = {
+    "identity_probes_per_second": NumericRange(
+        "NEXUS_IDENTITY_PROBES_PER_SECOND", 0, 10_000, "probes per second", low_open=True
+    ),
+    "worker_shutdown_seconds": NumericRange("NEXUS_WORKER_SHUTDOWN_SECONDS", 0, 3600, "seconds"),
+    "connector_pack_allowance": NumericRange("NEXUS_CONNECTOR_PACK_ALLOWANCE", 1, 1000, "packs"),
+    "connector_max_activity_slots": NumericRange(
+        "NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS", 1, 10_000, "slots"
+    ),
+    "final_verify_timeout_seconds": NumericRange(
+        "NEXUS_FINAL_VERIFY_TIMEOUT_SECONDS", 0, 86_400, "seconds", low_open=True
+    ),
+    "controlplane_queue_wait_seconds": NumericRange(
+        "NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS",
+        0,
+        MAX_QUEUE_WAIT_SECONDS,
+        "seconds",
+        low_open=True,
+    ),
+}
+"""Every numeric ``NEXUS_*`` setting (by field name) and its accepted range.
+
+Values outside (or NaN, infinite) are refused when the settings load, each
+named with its environment variable and value; the README's Settings table
+gives the same ranges."""
+
+
+def numeric_setting_problem(field: str, value: float) -> str | None:
+    """Why ``value`` is not usable for the numeric setting ``field`` (``None``: it is).
+
+    ``field`` is a key of :data:`NUMERIC_RANGES`; the message names the
+    environment variable and the value, e.g. ``NEXUS_WORKER_SHUTDOWN_SECONDS
+    1e+300 must be a finite number from 0 to 3,600 seconds``.
+    """
+    rng = NUMERIC_RANGES[field]
+    above_low = value > rng.low if rng.low_open else value >= rng.low
+    if math.isfinite(value) and above_low and value <= rng.high:
+        return None
+    return f"{rng.env} {value!r} must be a finite number {rng.describe()}"
 
 
 def default_database_url() -> str:
@@ -133,30 +199,13 @@ class Settings(BaseSettings):
             )
         return v
 
-    @field_validator("identity_probes_per_second")
+    @field_validator(*NUMERIC_RANGES)
     @classmethod
-    def _probe_rate(cls, v: float) -> float:
-        if not v > 0 or v != v or v == float("inf"):
-            raise ValueError(
-                f"NEXUS_IDENTITY_PROBES_PER_SECOND {v!r} must be a positive number "
-                "of probes per second"
-            )
-        return v
-
-    @field_validator("worker_shutdown_seconds")
-    @classmethod
-    def _shutdown_seconds(cls, v: float) -> float:
-        if not 0 <= v < float("inf"):
-            raise ValueError(f"NEXUS_WORKER_SHUTDOWN_SECONDS {v!r} must be >= 0 seconds")
-        return v
-
-    @field_validator("controlplane_queue_wait_seconds")
-    @classmethod
-    def _queue_wait(cls, v: float) -> float:
-        if not 0 < v < float("inf"):
-            raise ValueError(
-                f"NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS {v!r} must be a positive number of seconds"
-            )
+    def _in_range(cls, v: float, info: ValidationInfo) -> float:
+        name = info.field_name or ""
+        problem = numeric_setting_problem(name, v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("metrics_address")
@@ -165,13 +214,6 @@ class Settings(BaseSettings):
         if v is None or not v.strip():
             return None
         return parse_metrics_address(v)
-
-    @field_validator("connector_pack_allowance", "connector_max_activity_slots")
-    @classmethod
-    def _positive_count(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"connector worker sizing {v!r} must be a positive count")
-        return v
 
     @field_validator("log_format")
     @classmethod

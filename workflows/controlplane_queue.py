@@ -52,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
         QueueEntry,
         RemovePackInput,
         RemovePackRequest,
+        bounded_queue_wait,
+        queue_wait_problem,
     )
 
 from workflows.apply_all_gates import POLICIES
@@ -99,7 +101,8 @@ class ControlPlaneEntity:
     """The per-database control-plane queue (see the module docstring).
 
     Update ``submit(ControlPlaneRequest) -> ControlPlaneTicket`` (rejected:
-    unknown operation or policy, missing input, non-positive wait, or
+    unknown operation or policy, missing input, a wait that is not a finite
+    number of seconds above 0 and at most 7 days, or
     ``no_queue`` while busy); query ``status() -> ControlPlaneQueueStatus``.
     Never completes on its own; continues as new between operations.
     """
@@ -252,7 +255,9 @@ class ControlPlaneEntity:
     def submit(self, req: ControlPlaneRequest) -> ControlPlaneTicket:
         """Queue ``req`` (or join an identical queued/running one); return its ticket."""
         now = workflow.now()
-        deadline = now + timedelta(seconds=req.wait_seconds)
+        # The validator refuses an unusable wait; the clamp only guards requests
+        # accepted before it did (their deadline must not overflow a date).
+        deadline = now + timedelta(seconds=bounded_queue_wait(req.wait_seconds))
         joined = self._joinable(req)
         if joined is not None:
             joined.waiters += 1
@@ -288,11 +293,9 @@ class ControlPlaneEntity:
                 f"unknown ApplyAll policy {req.apply_all.policy!r}: one of {', '.join(POLICIES)}",
                 type="BadRequest",
             )
-        if not req.wait_seconds > 0:
-            raise ApplicationError(
-                f"wait_seconds {req.wait_seconds!r} must be a positive number of seconds",
-                type="BadRequest",
-            )
+        wait_problem = queue_wait_problem(req.wait_seconds)
+        if wait_problem:
+            raise ApplicationError(wait_problem, type="BadRequest")
         if req.no_queue and (self.running is not None or self.queued):
             raise ApplicationError(
                 f"the control plane of database {self.database_id} is busy: {self._busy()}; "

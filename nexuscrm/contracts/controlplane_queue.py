@@ -10,9 +10,49 @@ running workflows' histories (new fields only at the end, with defaults).
 No ``from __future__ import annotations`` (see ``contracts/controlplane.py``).
 """
 
+import math
 from dataclasses import dataclass, field
 
 from nexuscrm.contracts.controlplane import ApplyAllInput, OperationInput
+
+MAX_QUEUE_WAIT_SECONDS = 604_800.0
+"""Longest a request may wait for its turn (7 days, in seconds); above 0 and at
+most this, finite (``NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS`` and a request's
+``wait_seconds`` alike)."""
+
+
+def queue_wait_problem(seconds: object) -> str | None:
+    """Why ``seconds`` is not a usable ``wait_seconds`` of a request (``None``: it is).
+
+    A finite number above 0 and at most :data:`MAX_QUEUE_WAIT_SECONDS`; a
+    huge one (``1e300``) cannot be added to a date, NaN or a negative never
+    waits.
+    """
+    ok = (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and 0 < seconds <= MAX_QUEUE_WAIT_SECONDS
+    )
+    if ok:
+        return None
+    return (
+        f"wait_seconds {seconds!r} must be a finite number of seconds above 0 "
+        f"and at most {MAX_QUEUE_WAIT_SECONDS:,.0f}"
+    )
+
+
+def bounded_queue_wait(seconds: float) -> float:
+    """``seconds`` clamped into ``[1, MAX_QUEUE_WAIT_SECONDS]`` (NaN: the bound).
+
+    For a request already accepted (a history recorded before the update's
+    validator refused such values): its deadline is computed from this, so
+    it never overflows a date.
+    """
+    if not isinstance(seconds, int | float) or math.isnan(seconds):
+        return MAX_QUEUE_WAIT_SECONDS
+    return min(max(float(seconds), 1.0), MAX_QUEUE_WAIT_SECONDS)
+
 
 # Workflow types the entity runs as children (the operation of a request).
 QUEUED_OPERATIONS = (
