@@ -28,10 +28,10 @@ from nexuscrm.connectors.queue import EnqueueRequest, normalize_queue_class
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
+from nexuscrm.inputs import MAX_JSON_DEPTH, nesting_problem
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
-MAX_JSON_DEPTH = 64
 _SHOWN = 20  # problems listed before "... and N more"
 
 _Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -98,17 +98,10 @@ def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
 
 
 def json_depth_problem(value: Any) -> str | None:
-    """A message when ``value`` nests deeper than :data:`MAX_JSON_DEPTH`, else ``None``."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return None
+    """A message when ``value`` nests deeper than :data:`MAX_JSON_DEPTH`, else ``None``
+    (:func:`nexuscrm.inputs.nesting_problem`, the limit every reader shares)."""
+    problem = nesting_problem(value, MAX_JSON_DEPTH)
+    return f"JSON {problem}" if problem else None
 
 
 def parse_json(text: str) -> Any:

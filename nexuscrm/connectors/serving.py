@@ -31,18 +31,17 @@ directly, and :class:`ServingSelectionError`s naming the file from :func:`load`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from nexuscrm.connectors.knobs import go_trim_space, worker_key
 from nexuscrm.connectors.routes import ConnectorPackRow
 from nexuscrm.errors import FatalError
+from nexuscrm.inputs import InputLimitError, load_document
 from nexuscrm.packs.model import CalloutProfile
 
 _PREFIX = "connector inbound supervisor: "
@@ -415,6 +414,10 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+MAX_SELECTION_BYTES = 4 * 1024 * 1024
+"""Largest serving selection file read (4 MiB)."""
+
+
 def load(path: str | Path) -> RuntimeServingSelection:
     """Read and normalize a frozen selection file (``.json``, ``.yaml`` or ``.yml``).
 
@@ -422,7 +425,10 @@ def load(path: str | Path) -> RuntimeServingSelection:
     docstring); unknown keys are refused. Every failure is a
     :class:`ServingSelectionError` whose message starts with
     ``Runtime serving selection file <path>: `` and whose ``path`` is set:
-    unreadable file, unsupported suffix, JSON/YAML syntax error, wrong shape
+    unreadable file, unsupported suffix, larger than
+    :data:`MAX_SELECTION_BYTES` (at most that much is read), not UTF-8,
+    JSON/YAML syntax error, nested deeper than
+    :data:`~nexuscrm.inputs.MAX_JSON_DEPTH` levels, wrong shape
     (field paths listed) or any seed normalization error (seed message kept
     after the prefix).
     """
@@ -434,19 +440,13 @@ def load(path: str | Path) -> RuntimeServingSelection:
             f"{where}unsupported file type {file.suffix!r} (expected .json, .yaml or .yml)",
             file,
         )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ServingSelectionError(f"{where}cannot read: {reason}", file) from exc
     document: Any
     try:
-        document = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        detail = " ".join(str(exc).split())
-        raise ServingSelectionError(
-            f"{where}not valid {suffix[1:].upper()}: {detail}", file
-        ) from exc
+        document = load_document(file, MAX_SELECTION_BYTES)
+    except OSError as exc:
+        raise ServingSelectionError(f"{where}cannot read: {exc.strerror or exc}", file) from None
+    except InputLimitError as exc:
+        raise ServingSelectionError(f"{where}{exc}", file) from None
     if not isinstance(document, dict):
         raise ServingSelectionError(
             f"{where}expected a mapping with a 'packs' list, got {type(document).__name__}",

@@ -29,7 +29,6 @@ Classification (:func:`classify`), under policy ``exact_candidate`` (or
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -38,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import Engine, select
 
 from nexuscrm.contracts.candidate import CandidatePack, CandidateSpec
@@ -46,6 +44,7 @@ from nexuscrm.controlplane import markers, release, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.errors import FatalError
+from nexuscrm.inputs import InputLimitError, load_document
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import PackManifest
@@ -106,17 +105,26 @@ def parse_candidate(data: Any, where: str) -> CandidateSpec:
     return CandidateSpec(packs=out)
 
 
+MAX_CANDIDATE_BYTES = 1024 * 1024
+"""Largest candidate file read (1 MiB; a candidate of 1,000 packs is ~150 KB)."""
+
+
 def load_candidate(path: str | Path) -> CandidateSpec:
-    """Read a candidate file (JSON or YAML); ``CandidateError`` names the file."""
+    """Read a candidate file (JSON for ``.json``, else YAML) into a spec.
+
+    At most :data:`MAX_CANDIDATE_BYTES` are read and the document may nest at
+    most :data:`~nexuscrm.inputs.MAX_JSON_DEPTH` levels. Raises
+    ``CandidateError`` naming the file: unreadable, over the limit, not
+    UTF-8, not valid JSON/YAML, nested too deeply, or a bad shape
+    (:func:`parse_candidate`).
+    """
     p = Path(path)
     try:
-        raw = p.read_text(encoding="utf-8")
+        data = load_document(p, MAX_CANDIDATE_BYTES)
     except OSError as exc:
-        raise CandidateError(f"candidate {p}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise CandidateError(f"candidate {p}: not valid JSON/YAML: {exc}") from exc
+        raise CandidateError(f"candidate {p}: cannot read: {exc.strerror or exc}") from None
+    except InputLimitError as exc:
+        raise CandidateError(f"candidate {p}: {exc}") from None
     return parse_candidate(data, str(p))
 
 

@@ -36,7 +36,6 @@ Mapping rules:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
+from nexuscrm.inputs import InputLimitError, parse_document, read_capped
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
     Category,
@@ -123,20 +123,29 @@ def is_sfdx_source(root: Path) -> bool:
     return any(_has_metadata(folder) for folder in walk_object_folders(root))
 
 
+MAX_PROJECT_FILE_BYTES = 1024 * 1024
+"""Largest ``sfdx-project.json`` read (1 MiB); it may nest at most
+:data:`~nexuscrm.inputs.MAX_JSON_DEPTH` levels."""
+
+
+def _project_data(project_file: Path) -> Any:
+    """The parsed ``sfdx-project.json``; ``ManifestError`` naming the file when it
+    cannot be read, is over :data:`MAX_PROJECT_FILE_BYTES`, is not UTF-8 or
+    JSON, or nests too deeply."""
+    try:
+        return parse_document(read_capped(project_file, MAX_PROJECT_FILE_BYTES), "json")
+    except OSError as exc:
+        raise ManifestError(str(project_file), f"cannot read: {exc.strerror or exc}") from None
+    except InputLimitError as exc:
+        raise ManifestError(str(project_file), str(exc)) from None
+
+
 def _read_project(root: Path) -> tuple[str | None, list[Path]]:
     """Return (project name, package directories) from ``sfdx-project.json``."""
     project_file = root / SFDX_PROJECT_FILE
     if not project_file.is_file():
         return None, [root]
-    try:
-        data = json.loads(project_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(str(project_file), f"cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ManifestError(
-            str(project_file),
-            f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}",
-        ) from exc
+    data = _project_data(project_file)
     if not isinstance(data, dict):
         raise ManifestError(str(project_file), "must be a JSON object")
     name = data.get("name")
@@ -445,7 +454,9 @@ def _read_plugin(root: Path) -> tuple[str | None, tuple[str, ...]]:
     project_file = root / SFDX_PROJECT_FILE
     if not project_file.is_file():
         return None, ()
-    data = json.loads(project_file.read_text(encoding="utf-8"))
+    data = _project_data(project_file)
+    if not isinstance(data, dict):
+        raise ManifestError(str(project_file), "must be a JSON object")
     namespace = data.get("namespace") or None
     if namespace is not None and not isinstance(namespace, str):
         raise ManifestError(str(project_file), "namespace: must be a string")

@@ -16,7 +16,7 @@ import yaml
 
 from nexuscrm.controlplane import candidate, packs_apply
 from nexusctl.cli.common import AppPack, DevSample, existing_engine, load_settings, sources
-from nexusctl.cli.render import console
+from nexusctl.cli.render import console, fail
 
 candidate_app = typer.Typer(
     help="Exact candidates for `apply-all --candidate`.", no_args_is_help=True
@@ -40,5 +40,8 @@ def write(
     if out is None:
         console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
         return
-    out.write_text(text, encoding="utf-8")
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"--out {out}: cannot write the candidate: {exc.strerror or exc}")
     console.print(f"wrote the exact candidate of {len(plan)} packs to {out}")

@@ -1,0 +1,113 @@
+"""Bounded reads of operator-supplied files: a size cap, then a nesting cap.
+
+Shared by the control plane (candidate files), the connector runtime (events,
+data plans, serving selections) and the pack loader (``sfdx-project.json``,
+Salesforce DX metadata), so every reader refuses an endless or hostile file
+the same way: at most ``cap + 1`` bytes are read (``/dev/zero`` ends there),
+and a document nested deeper than :data:`MAX_JSON_DEPTH` is refused, whether
+the parser itself gives up (``RecursionError``) or not.
+
+Errors are :class:`InputLimitError` (a ``ValueError``) whose message does not
+name the file: each caller wraps it in its own error naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_JSON_DEPTH = 64
+"""Deepest JSON/YAML nesting read (levels: a scalar at the top is 1)."""
+
+
+class InputLimitError(ValueError):
+    """A file over its size cap, not UTF-8, unparsable, or nested too deeply."""
+
+
+def mib(n_bytes: int) -> str:
+    """``16 MiB`` for a whole number of MiB, else ``<n> bytes``."""
+    if n_bytes % (1024 * 1024) == 0:
+        return f"{n_bytes // (1024 * 1024)} MiB"
+    return f"{n_bytes:,} bytes"
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, reading at most ``max_bytes + 1`` of them.
+
+    Raises ``OSError`` as the file system does (missing, unreadable, a
+    directory) and :class:`InputLimitError` ``larger than the limit of N
+    MiB`` when there is more than ``max_bytes``.
+    """
+    with Path(path).open("rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputLimitError(f"larger than the limit of {mib(max_bytes)}")
+    return data
+
+
+def nesting_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """A message when ``value`` nests deeper than ``max_depth`` levels, else ``None``.
+
+    Walks dicts and lists without recursion. A container met again (YAML
+    aliases share objects) is measured once; one that contains itself (a
+    recursive YAML alias) counts as nested too deeply.
+    """
+    seen: dict[int, int] = {}  # id -> shallowest depth already walked
+    stack: list[tuple[Any, int, tuple[int, ...]]] = [(value, 1, ())]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        if not isinstance(node, dict | list):
+            continue
+        key = id(node)
+        if key in path:
+            return "nested without end (a recursive alias)"
+        if seen.get(key, max_depth + 1) <= depth:
+            continue
+        seen[key] = depth
+        children = node.values() if isinstance(node, dict) else node
+        inner = (*path, key)  # shared by the children: one tuple per container
+        stack.extend((c, depth + 1, inner) for c in children)
+    return None
+
+
+def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Decode ``data`` (UTF-8) and parse it as ``kind`` (``"json"`` or ``"yaml"``).
+
+    YAML is read with ``yaml.SafeLoader`` (no Python tags). Raises
+    :class:`InputLimitError`: not UTF-8 (byte offset), a syntax error (line
+    and column), or nested deeper than ``max_depth`` levels.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputLimitError(f"not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except RecursionError:
+        raise InputLimitError(f"nested deeper than {max_depth} levels") from None
+    except json.JSONDecodeError as exc:
+        raise InputLimitError(
+            f"not valid JSON: JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise InputLimitError(f"not valid YAML: {' '.join(str(exc).split())}") from None
+    problem = nesting_problem(value, max_depth)
+    if problem:
+        raise InputLimitError(problem)
+    return value
+
+
+def load_document(path: Path, max_bytes: int, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """:func:`read_capped` then :func:`parse_document` (JSON for ``.json``, else YAML).
+
+    Raises ``OSError`` (unreadable) and :class:`InputLimitError` (over
+    ``max_bytes``, not UTF-8, a syntax error, too deep).
+    """
+    data = read_capped(path, max_bytes)
+    kind = "json" if Path(path).suffix.lower() == ".json" else "yaml"
+    return parse_document(data, kind, max_depth)
