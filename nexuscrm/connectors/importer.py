@@ -134,8 +134,44 @@ def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, li
     return entries
 
 
+MAX_FIELD_VALUE_CHARS = 131_072
+"""Longest field value of a data-plan record (characters; Salesforce's largest
+field, a Long Text Area, holds 131,072). A value that is not a string counts its
+JSON text."""
+MAX_RECORD_BYTES = 1024 * 1024
+"""Largest data-plan record (bytes of its fields as UTF-8 JSON): the largest
+event payload, as for a line of ``events enqueue``."""
+_SIZE_PROBLEMS_SHOWN = 20
+
+
+def _size_problems(path: Path, records: list[_PlanRecord]) -> list[str]:
+    """Every record over :data:`MAX_RECORD_BYTES` and field value over
+    :data:`MAX_FIELD_VALUE_CHARS` of one data file, as ``record <ref>: ...``."""
+    problems: list[str] = []
+    for rec in records:
+        for name, value in rec.fields.items():
+            size = len(value) if isinstance(value, str) else len(json.dumps(value))
+            if size > MAX_FIELD_VALUE_CHARS:
+                problems.append(
+                    f"record {rec.reference_id}: field {name} has {size:,} characters, over "
+                    f"the limit of {MAX_FIELD_VALUE_CHARS:,}"
+                )
+        total = len(json.dumps(rec.fields, ensure_ascii=False).encode("utf-8"))
+        if total > MAX_RECORD_BYTES:
+            problems.append(
+                f"record {rec.reference_id}: {total:,} bytes, over the limit of "
+                f"{MAX_RECORD_BYTES:,} bytes a record"
+            )
+    return problems
+
+
 def _read_records(path: Path, sobject: str | None, resolve: bool) -> list[_PlanRecord]:
-    """The records of one SObject tree file, validated."""
+    """The records of one SObject tree file, validated.
+
+    Raises ``DataPlanError`` naming the file: a malformed record (the first),
+    or every record and field value over its size limit
+    (:data:`MAX_RECORD_BYTES`, :data:`MAX_FIELD_VALUE_CHARS`) at once.
+    """
     doc = _load_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise DataPlanError(str(path), "expected an object with a 'records' array")
@@ -159,6 +195,13 @@ def _read_records(path: Path, sobject: str | None, resolve: bool) -> list[_PlanR
             )
         fields = {k: v for k, v in rec.items() if k != "attributes"}
         out.append(_PlanRecord(rtype, ref, fields, resolve, path))
+    too_big = _size_problems(path, out)
+    if too_big:
+        more = len(too_big) - _SIZE_PROBLEMS_SHOWN
+        shown = "; ".join(too_big[:_SIZE_PROBLEMS_SHOWN]) + (
+            f"; and {more} more" if more > 0 else ""
+        )
+        raise DataPlanError(str(path), shown)
     return out
 
 

@@ -134,14 +134,53 @@ _TRANSIENT_MYSQL_CODES = {
 }
 
 
+PACKET_SUSPECT_BYTES = 16 * 1024 * 1024
+"""A statement whose text and parameters reach this many bytes (MariaDB's
+default ``max_allowed_packet``) and that loses the connection (2006, 2013)
+is taken as too large for the server's packet, not as a transient fault."""
+
+
+def _statement_bytes(exc: BaseException) -> int:
+    """Rough size of the failed statement: its text plus its string/bytes
+    parameters (lists of parameter sets and dicts walked one level deep)."""
+    total = len(str(getattr(exc, "statement", "") or ""))
+    params = getattr(exc, "params", None)
+    sets = params if isinstance(params, list | tuple) else [params]
+    for one in sets:
+        values = (
+            one.values()
+            if isinstance(one, dict)
+            else (one if isinstance(one, list | tuple) else [one])
+        )
+        for v in values:
+            if isinstance(v, str | bytes | bytearray):
+                total += len(v)
+    return total
+
+
+def is_packet_too_large(exc: BaseException) -> bool:
+    """True when ``exc`` is MySQL's ``ER_NET_PACKET_TOO_LARGE`` (1153), or a lost
+    connection (2006, 2013) of a statement of :data:`PACKET_SUSPECT_BYTES` or
+    more: the server dropped a packet larger than its ``max_allowed_packet``,
+    and the same statement would be dropped again."""
+    args = getattr(getattr(exc, "orig", None), "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    if code == 1153:
+        return True
+    return code in (2006, 2013) and _statement_bytes(exc) >= PACKET_SUSPECT_BYTES
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` is a database fault worth retrying with backoff.
 
     Lock waits, deadlocks, lost connections, TiDB write conflicts, and
     SQLite ``database is locked``. Anything else (syntax, constraint, missing
-    table) is treated as permanent.
+    table) is treated as permanent, and so is a statement too large for the
+    server's packet (:func:`is_packet_too_large`).
     """
     if isinstance(exc, OperationalError | DBAPIError):
+        if is_packet_too_large(exc):
+            return False
         orig = getattr(exc, "orig", None)
         args = getattr(orig, "args", ())
         if args and isinstance(args[0], int) and args[0] in _TRANSIENT_MYSQL_CODES:
@@ -192,6 +231,7 @@ _PERMANENT_MYSQL_CODES = {
     1292,  # incorrect date/time value
     1366,  # incorrect string value (character set)
     1406,  # data too long
+    1153,  # packet larger than max_allowed_packet
 }
 
 
@@ -199,7 +239,7 @@ def is_permanent(exc: BaseException) -> bool:
     """True for database errors that repeat identically on retry (constraint,
     data, access denied, unknown database or column, SQL syntax, illegal mix
     of collations, row size too large, a value the column cannot store)."""
-    if isinstance(exc, PERMANENT_DB_ERRORS):
+    if isinstance(exc, PERMANENT_DB_ERRORS) or is_packet_too_large(exc):
         return True
     args: tuple[Any, ...] = tuple(getattr(getattr(exc, "orig", None), "args", ()))
     return bool(args) and isinstance(args[0], int) and args[0] in _PERMANENT_MYSQL_CODES

@@ -17,6 +17,7 @@ from defusedxml import DefusedXmlException
 from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError
+from nexuscrm.inputs import InputLimitError, read_capped
 from nexuscrm.packs.model import (
     SUMMARY_FILTER_OPERATIONS,
     FieldCustomization,
@@ -57,18 +58,39 @@ def _q(tag: str) -> str:
     return f"{{{METADATA_NS}}}{tag}"
 
 
-def _parse_xml(path: Path, root_tag: str) -> Element:
+MAX_METADATA_FILE_BYTES = 2 * 1024 * 1024
+"""Largest Salesforce DX metadata file read (2 MiB; at most that much is read).
+
+Salesforce's own limits keep real files far below it (a description is at most
+1,000 characters, a formula 3,900); it keeps one value from reaching the
+database larger than a MySQL/MariaDB packet (``max_allowed_packet``, 16 MiB
+on MariaDB) can carry."""
+
+
+def read_metadata_file(path: Path) -> bytes:
+    """The bytes of one metadata file, at most :data:`MAX_METADATA_FILE_BYTES`.
+
+    Raises ``ManifestError`` naming the file: unreadable, or larger than the
+    limit (``/dev/zero`` included).
+    """
     try:
-        tree = safe_et.parse(str(path), forbid_dtd=True)
+        return read_capped(path, MAX_METADATA_FILE_BYTES)
+    except OSError as exc:
+        raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except InputLimitError as exc:
+        raise ManifestError(str(path), f"metadata file {exc}") from None
+
+
+def _parse_xml(path: Path, root_tag: str) -> Element:
+    data = read_metadata_file(path)
+    try:
+        root: Element = safe_et.fromstring(data, forbid_dtd=True)
     except DefusedXmlException as exc:
         raise ManifestError(
             str(path), f"refused: DTD / entity declarations are not allowed in metadata ({exc})"
         ) from exc
     except ParseError as exc:
         raise ManifestError(str(path), f"XML does not parse: {exc}") from exc
-    except OSError as exc:
-        raise ManifestError(str(path), f"cannot read: {exc.strerror or exc}") from exc
-    root: Element = tree.getroot()
     if root.tag != _q(root_tag):
         raise ManifestError(
             str(path), f'root element is <{root.tag}>, expected <{root_tag} xmlns="{METADATA_NS}">'

@@ -18,8 +18,9 @@ from xml.etree.ElementTree import Element, ParseError
 import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
 
-from nexuscrm.errors import Problem
+from nexuscrm.errors import ManifestError, Problem, problem_from
 from nexuscrm.packs.model import CustomLabel, RecordSpec, validate_identifier
+from nexuscrm.packs.sfdx_fields import read_metadata_file
 
 METADATA_NS = "http://soap.sforce.com/2006/04/metadata"
 XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
@@ -34,13 +35,15 @@ def _q(tag: str) -> str:
 def _read_root(path: Path, tag: str) -> Element | Problem:
     """The root element of a metadata file, checked to be ``<tag>``, or the problem."""
     try:
-        root: Element = safe_et.parse(str(path), forbid_dtd=True).getroot()
+        data = read_metadata_file(path)
+    except ManifestError as exc:
+        return problem_from(exc)
+    try:
+        root: Element = safe_et.fromstring(data, forbid_dtd=True)
     except DefusedXmlException as exc:
         return Problem(str(path), "", f"refused: DTD / entity declarations ({exc})")
     except ParseError as exc:
         return Problem(str(path), "", f"XML does not parse: {exc}")
-    except OSError as exc:
-        return Problem(str(path), "", f"cannot read: {exc.strerror or exc}")
     if root.tag != _q(tag):
         return Problem(str(path), "", f"root element is <{root.tag}>, expected <{tag}>")
     return root
