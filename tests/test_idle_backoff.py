@@ -140,6 +140,7 @@ async def test_idle_timers_double_up_to_the_cap_and_a_wake_resets_them(
     await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
     inp = fast_fleet(settings)
     inp.idle_seconds, inp.idle_max_seconds = 0.2, 1.0
+    inp.drain_timeout_seconds = 0  # no backoff grace (2 x the drain timeout)
     inp.reconcile_interval_seconds = 3600  # no periodic reconcile here
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, inp)

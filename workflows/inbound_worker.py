@@ -117,9 +117,12 @@ class InboundWorkerWorkflow:
     def idle_timeout(self, config: InboundWorkerConfig, backoff: bool) -> timedelta:
         """The idle timer after an empty claim: ``idle_seconds``, doubled per earlier
         empty claim in a row up to ``idle_max_seconds`` (``backoff``, patch
-        ``idle-backoff``); counts this empty claim."""
+        ``idle-backoff``), once the run is ``idle_backoff_grace_seconds`` old (a
+        rebuilt pool's workers keep polling while the old pool drains); counts
+        this empty claim."""
         seconds = config.idle_seconds
-        if backoff:
+        age = (workflow.now() - workflow.info().start_time).total_seconds()
+        if backoff and age >= config.idle_backoff_grace_seconds:
             cap = max(config.idle_seconds, config.idle_max_seconds)
             seconds = min(cap, config.idle_seconds * 2 ** min(self.empty_claims, 30))
             self.empty_claims += 1

@@ -169,6 +169,8 @@ class PackSupervisorWorkflow:
             drain_only=c.drain_only,
             heartbeat_timeout_seconds=c.heartbeat_timeout_seconds,
             idle_max_seconds=c.idle_max_seconds,
+            # the old pool of a rebuild drains for up to its drain timeout
+            idle_backoff_grace_seconds=2 * c.drain_timeout_seconds,
         )
 
     async def _supervise(self, slot: _Slot) -> None:

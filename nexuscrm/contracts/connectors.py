@@ -50,6 +50,9 @@ class InboundWorkerConfig:
     # Under patch ``idle-backoff``: consecutive empty claims double the idle
     # timer from idle_seconds up to this (a ``wake`` or a claimed batch resets it).
     idle_max_seconds: float = 60.0
+    # ... but not in a run's first idle_backoff_grace_seconds: a rebuilt pool's
+    # workers keep polling while the old pool drains and hands its leases back.
+    idle_backoff_grace_seconds: float = 60.0
 
 
 @dataclass
