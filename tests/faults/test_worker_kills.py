@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from temporalio.service import RPCError
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput
@@ -86,7 +87,12 @@ async def test_worker_killed_in_each_long_phase_in_turn(
                 proc = worker(settings, temporal_env)
             status: dict[str, str] = {}
             for _ in range(3000):
-                status = {p["name"]: p["status"] for p in await handle.query("progress")}
+                try:
+                    progress = await handle.query("progress")
+                except RPCError:  # the new worker is not polling yet (context canceled)
+                    await asyncio.sleep(0.2)
+                    continue
+                status = {p["name"]: p["status"] for p in progress}
                 if status.get(phase) != "pending":
                     break
                 assert proc.poll() is None, "the worker died on its own"
