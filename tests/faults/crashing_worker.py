@@ -1,0 +1,69 @@
+"""A control-plane worker that SIGKILLs itself right after one activity's work.
+
+Run as ``python tests/faults/crashing_worker.py`` with the worker's ``NEXUS_*``
+settings and ``NEXUS_TEST_CRASH_AFTER_ACTIVITY=N``: the first attempt of
+activity id ``N`` of a workflow of type ``NEXUS_TEST_CRASH_WORKFLOW_TYPE``
+(default ``ApplyAll``) runs to its end (its writes are committed) and the
+process is killed before the worker reports the completion. The server retries
+the activity on the next worker after the heartbeat timeout: the worst case
+for a phase's idempotency. Used by ``test_worker_kills.py``; a test aid only,
+never part of the application.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from temporalio import activity
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    Worker,
+)
+
+import nexusctl.worker
+from nexusctl.cli import main as cli_main
+
+CRASH_AFTER = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY", "")
+WORKFLOW_TYPE = os.environ.get("NEXUS_TEST_CRASH_WORKFLOW_TYPE", "ApplyAll")
+
+
+class _CrashAfter(ActivityInboundInterceptor):
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        result = await self.next.execute_activity(input)
+        info = activity.info()
+        if (
+            info.workflow_type == WORKFLOW_TYPE
+            and info.activity_id == CRASH_AFTER
+            and info.attempt == 1
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+
+class _Interceptor(Interceptor):
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _CrashAfter(next)
+
+
+class _CrashingWorker(Worker):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A killed worker's sticky queue holds the workflow's next task for this
+        # long before the server hands it to the normal queue (10 s by default):
+        # lowered so the ~17 kills of one run take seconds each, not ten.
+        kwargs.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=1))
+        super().__init__(*args, interceptors=[_Interceptor()], **kwargs)
+
+
+if __name__ == "__main__":
+    nexusctl.worker.Worker = _CrashingWorker  # type: ignore[misc]
+    sys.argv = ["nexusctl", "worker"]
+    cli_main()

@@ -1,0 +1,122 @@
+"""SIGKILL of the worker after every ApplyAll phase in turn (issue 17, crashes).
+
+Each phase's activity does all its work (its writes are committed), then its
+worker is SIGKILLed before it reports the completion; the server retries the
+activity on the next worker after the heartbeat timeout, and that worker is
+killed after the next phase. One ApplyAll runs through all of it: it
+completes, every phase was killed once, and the database (schema, metadata
+rows, row counts of every ``_System_*`` table) equals an uninterrupted run's.
+The kills while a long phase runs are ``test_worker_kills.py``.
+
+Slowest of the fault suite: 17 worker starts per backend, ~75-85 s per backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, inspect, select, table
+
+from nexuscrm import catalog
+from nexuscrm.contracts import ApplyAllInput
+from nexuscrm.controlplane.inprocess import APPLY_PHASES
+from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
+from nexusctl.temporal import start_controlplane
+from tests.builders import apply_all, snapshot
+from tests.conftest import fresh_database_url
+from tests.faults.test_worker_kills import wide_pack
+from workflows.controlplane import PHASE_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def crashing_worker(settings: Settings, temporal_env: Any, after: int) -> subprocess.Popen[bytes]:
+    """A worker that SIGKILLs itself once ApplyAll's activity ``after`` has done its work."""
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
+        "NEXUS_LOG_FORMAT": "json",
+        "NEXUS_LOG_LEVEL": "WARNING",
+        "NEXUS_TEST_CRASH_AFTER_ACTIVITY": str(after),
+    }
+    script = ROOT / "tests" / "faults" / "crashing_worker.py"
+    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
+
+
+def system_row_counts(engine: Any) -> dict[str, int]:
+    """Rows of every ``_System_*`` table: a phase run twice must double nothing."""
+    names = [n for n in inspect(engine).get_table_names() if n.startswith("_System_")]
+    with engine.connect() as conn:
+        return {
+            n: conn.execute(select(func.count()).select_from(table(n))).scalar_one()
+            for n in sorted(names)
+        }
+
+
+async def test_worker_killed_after_every_apply_all_phase_in_turn(
+    temporal_env: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """Each ApplyAll phase's activity does its work, then its worker is SIGKILLed
+    before reporting it; the next worker re-runs it (after the heartbeat timeout)
+    and is killed after the next one. The one workflow completes, every phase
+    was killed once, and the database equals an uninterrupted run's."""
+    pack = wide_pack(tmp_path / "wide.yaml", objects=6, fields=4)
+    killed: list[str] = []
+    after = 1
+    proc = crashing_worker(settings, temporal_env, after)
+    try:
+        handle = await start_controlplane(
+            temporal_env.client,
+            settings,
+            "ApplyAll",
+            ApplyAllInput(app_pack_sources=[str(pack)], heartbeat_timeout_seconds=1),
+        )
+        while True:
+            for _ in range(1200):
+                if proc.poll() is not None:
+                    break
+                desc = await handle.describe()
+                if desc.status is not None and desc.status.name != "RUNNING":
+                    break
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                break  # the workflow ended with this worker alive
+            assert proc.returncode == -signal.SIGKILL, f"worker exited {proc.returncode}"
+            desc = await handle.describe()
+            killed.append(desc.typed_search_attributes.get(PHASE_KEY) or "?")
+            after += 1
+            proc = crashing_worker(settings, temporal_env, after)
+        result = await handle.result()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+    assert result.status == "completed", result
+    # mark-running is the 2nd activity; the gates and final-verify are phases too
+    assert set(APPLY_PHASES) <= set(killed), (sorted(set(APPLY_PHASES) - set(killed)), killed)
+    assert len(killed) == len(set(killed)), killed
+    engine = make_engine(settings.database_url)
+    interrupted = snapshot(engine), system_row_counts(engine)
+    backend = "sqlite" if settings.database_url.startswith("sqlite") else "mysql"
+    for url in fresh_database_url(backend, tmp_path / "ref"):
+        ref = Settings(
+            database_url=url,
+            controlplane_task_queue=f"cp-{uuid.uuid4().hex[:8]}",
+            env="development",
+            NEXUS_DATABASE_ID=f"ref-{uuid.uuid4().hex[:8]}",
+        )
+        catalog.CACHE.invalidate()
+        await apply_all(temporal_env, ref, app_pack_sources=[str(pack)])
+        ref_engine = make_engine(url)
+        assert (snapshot(ref_engine), system_row_counts(ref_engine)) == interrupted
