@@ -599,8 +599,33 @@ def test_native_validation_error_names_location(tmp_path: Path) -> None:
     msg = str(exc.value)
     assert str(path) in msg
     assert "objects[0](Thing__c).fields[1](Bad__c).type" in msg
-    assert "'Txet'" in msg
+    assert "'Txet') (line 7)" in msg
     assert "objects[0](Thing__c).fields[2](Typo__c).lenght: Extra inputs" in msg
+    assert "(got '5') (line 8)" in msg
+
+
+def test_native_validation_errors_give_the_line_of_each_culprit(tmp_path: Path) -> None:
+    """Every problem at once, each with the line it is on (a missing field: its parent's)."""
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "name: sync\ncategory: ConnectorPack\ndepends_on: [platform-core]\n"
+        "inbound_routes:\n"
+        "  - event_kind: a.b\n    route_version: 1\n    invocation_mode: flow\n"
+        "    queue_class: default\n    flow: no_such_flow\n    extra_field: 3\n"
+        "  - event_kind: c.d\n    route_version: 1\n    invocation_mode: bogus\n"
+        "    queue_class: default\n    flow: upsert_record\n"
+        "objects:\n  - label: No api name\n"
+    )
+    with pytest.raises(ManifestError) as exc:
+        load_native(path)
+    msg = str(exc.value)
+    assert "inbound_routes[0].flow: Input should be" in msg, msg
+    assert "(got 'no_such_flow') (line 9)" in msg, msg
+    assert (
+        "inbound_routes[0].extra_field: Extra inputs are not permitted (got '3') (line 10)" in msg
+    )
+    assert "(got 'bogus') (line 13)" in msg, msg
+    assert "objects[0].api_name: Field required (line 17)" in msg, msg
 
 
 @pytest.mark.parametrize(

@@ -60,14 +60,18 @@ _ManifestYamlLoader.yaml_implicit_resolvers = {
 }
 
 
-def format_validation_error(err: ValidationError, data: Any = None) -> str:
+def format_validation_error(
+    err: ValidationError, data: Any = None, root: yaml.Node | None = None
+) -> str:
     """Render a pydantic ``ValidationError`` as readable ``; ``-separated lines.
 
     Each entry is ``<location>: <message>`` where the location is a path such
     as ``objects[2](Contact).fields[0](Email).type``: list indexes are shown
     with the ``api_name`` of the element found at that index in ``data`` (the
-    raw document that was validated), when there is one. Scalar inputs are
-    echoed as ``(got ...)``.
+    raw document that was validated), when there is one. With ``root`` (the
+    composed YAML document) the location ends in ``(line N)``: the line of
+    the deepest node of the path the file has. Scalar inputs are echoed as
+    ``(got ...)``.
     """
     lines: list[str] = []
     for e in err.errors(include_url=False):
@@ -77,8 +81,29 @@ def format_validation_error(err: ValidationError, data: Any = None) -> str:
         got = e.get("input")
         if e.get("type") != "missing" and (got is None or isinstance(got, str | int | float)):
             msg = f"{msg} (got {got!r})"
+        if root is not None:
+            msg = f"{msg} (line {_line_of(root, e.get('loc', ()))})"
         lines.append(f"{loc}: {msg}")
     return "; ".join(lines)
+
+
+def _line_of(root: yaml.Node, loc: tuple[int | str, ...]) -> int:
+    """1-based line of the deepest node on ``loc`` in the composed document ``root``."""
+    node = root
+    for part in loc:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    # an unknown key is reported at the key itself
+                    child = value if isinstance(value, yaml.CollectionNode) else key
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part >= 0:
+            child = node.value[part] if part < len(node.value) else None
+        if child is None:
+            break
+        node = child
+    return int(node.start_mark.line) + 1
 
 
 def _render_loc(loc: tuple[int | str, ...], data: Any) -> str:
@@ -211,6 +236,15 @@ def _parse_document(path: Path) -> Any:
         raise ManifestError(str(path), f"YAML syntax error: {exc}") from exc
 
 
+def _compose(path: Path) -> yaml.Node | None:
+    """The composed node graph of a YAML manifest that already parsed (for lines)."""
+    loader = _ManifestYamlLoader(_read_text(path))
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
+
+
 def load_native(path: Path) -> PackManifest:
     """Load one native manifest file (``.yaml``, ``.yml`` or ``.json``).
 
@@ -246,8 +280,9 @@ def load_native(path: Path) -> PackManifest:
     try:
         return PackManifest.model_validate({**data, "source": resolved})
     except ValidationError as exc:
+        root = None if path.suffix.lower() == ".json" else _compose(path)
         raise ManifestError(
-            str(path), f"invalid manifest: {format_validation_error(exc, data)}"
+            str(path), f"invalid manifest: {format_validation_error(exc, data, root)}"
         ) from exc
 
 

@@ -78,6 +78,22 @@ def _driver_message(exc: sa_exc.DBAPIError) -> str:
     return str(orig) if orig is not None else str(exc)
 
 
+def _echoable(info: Any) -> bool:
+    """Whether a bad value of this setting may be echoed: numbers and flags only.
+
+    Never a text setting: a database URL or a hook's environment may carry a
+    password.
+    """
+    annotation = getattr(info, "annotation", None)
+    return annotation in (int, float, bool, int | None, float | None)
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error shows it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _settings_message(exc: pydantic.ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -85,7 +101,8 @@ def _settings_message(exc: pydantic.ValidationError) -> str:
         info = Settings.model_fields.get(field)
         env_var = info.alias if info is not None and info.alias else f"NEXUS_{field.upper()}"
         msg = str(err["msg"]).removeprefix("Value error, ")
-        # Never echo the input: a database URL may carry a password.
+        if env_var not in msg and _echoable(info):
+            msg = f"{_shown(err.get('input'))}: {msg}"
         parts.append(msg if env_var in msg else f"{env_var}: {msg}")
     return "invalid setting: " + "; ".join(parts)
 

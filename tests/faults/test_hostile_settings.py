@@ -30,6 +30,8 @@ def _crashed(res: Any) -> bool:
 
 @pytest.mark.parametrize("value", BAD_NUMBERS)
 def test_every_bad_numeric_setting_is_named_at_once_with_its_value(value: str) -> None:
+    """Every numeric setting given ``value``: one line names each, with the value
+    (integer settings included: their parse error used to drop it)."""
     env = cli_env() | {rng.env: value for rng in NUMERIC_RANGES.values()}
     res = invoke(["status"], env)
     assert res.exit_code == 1, res.output
@@ -39,6 +41,9 @@ def test_every_bad_numeric_setting_is_named_at_once_with_its_value(value: str) -
     for rng in NUMERIC_RANGES.values():
         # Integer settings refuse "1e300" / "nan" while parsing; they are named too.
         assert rng.env in res.output, (rng.env, res.output)
+        # ... each with the value it was given (a float as Python prints it)
+        said = res.output.split(rng.env, 1)[1].split(";", 1)[0]
+        assert value in said or repr(float(value)) in said, (rng.env, said)
     assert "NEXUS_FINAL_VERIFY_TIMEOUT_SECONDS" in res.output
 
 
