@@ -14,6 +14,9 @@ name the file: each caller wraps it in its own error naming the file.
 from __future__ import annotations
 
 import json
+import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,68 @@ MAX_JSON_DEPTH = 64
 
 class InputLimitError(ValueError):
     """A file over its size cap, not UTF-8, unparsable, or nested too deeply."""
+
+
+class JsonNumberError(ValueError):
+    """A number strict JSON cannot carry: ``NaN``, ``Infinity``, a float that
+    overflows to infinity, an integer longer than Python converts."""
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonNumberError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JsonNumberError(f"number {text[:40]} is out of range (it overflows to infinity)")
+    return value
+
+
+def bounded_int(text: str) -> int:
+    """``int(text)``; :class:`JsonNumberError` naming the size when ``text`` has more
+    digits than Python converts (``sys.get_int_max_str_digits()``, 4,300)."""
+    limit = sys.get_int_max_str_digits() or 4300
+    digits = len(text.lstrip("-"))
+    if digits > limit:
+        raise JsonNumberError(f"a number of more than {limit:,} digits ({digits:,})")
+    return int(text)
+
+
+def non_finite_number(value: Any) -> str | None:
+    """``<path>: NaN is not a JSON number`` for the first NaN or infinite float in
+    ``value`` (``payload.fields.Amount``, ``[2].x``; walked without recursion),
+    else ``None``. Python's JSON parser reads ``NaN``, ``Infinity`` and numbers
+    out of range (``1e999``, as infinity); strict JSON has none of them."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            what = "NaN" if math.isnan(node) else ("-" if node < 0 else "") + "Infinity"
+            extra = "" if what == "NaN" else " (a number out of range, such as 1e999, reads as it)"
+            return f"{path or '(value)'}: {what} is not a JSON number{extra}"
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+def strict_json_loads(
+    text: str, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """``json.loads`` of strict JSON: ``NaN``, ``Infinity`` and ``-Infinity`` (which
+    Python's parser accepts), a float overflowing to infinity (``1e99999``) and an
+    integer of more digits than Python converts raise :class:`JsonNumberError`
+    (a ``ValueError``, not a ``JSONDecodeError``) naming the number; else as
+    ``json.loads`` (``JSONDecodeError``, ``RecursionError``)."""
+    return json.loads(
+        text,
+        parse_constant=_no_constant,
+        parse_float=_finite_float,
+        parse_int=bounded_int,
+        object_pairs_hook=object_pairs_hook,
+    )
 
 
 def mib(n_bytes: int) -> str:
@@ -80,14 +145,16 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
 
     YAML is read with ``yaml.SafeLoader`` (no Python tags). Raises
     :class:`InputLimitError`: not UTF-8 (byte offset), a syntax error (line
-    and column), or nested deeper than ``max_depth`` levels.
+    and column), a number strict JSON cannot carry (:func:`strict_json_loads`;
+    in YAML an integer of more digits than Python converts), or nested deeper
+    than ``max_depth`` levels.
     """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputLimitError(f"not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text) if kind == "json" else yaml.safe_load(text)
+        value = strict_json_loads(text) if kind == "json" else yaml.safe_load(text)
     except RecursionError:
         raise InputLimitError(f"nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as exc:
@@ -96,10 +163,24 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
         ) from None
     except yaml.YAMLError as exc:
         raise InputLimitError(f"not valid YAML: {' '.join(str(exc).split())}") from None
+    except JsonNumberError as exc:
+        raise InputLimitError(f"not valid JSON: {exc}") from None
+    except ValueError as exc:  # a YAML integer of more digits than Python converts
+        raise InputLimitError(f"not valid {kind.upper()}: {int_limit_message(exc)}") from None
     problem = nesting_problem(value, max_depth)
     if problem:
         raise InputLimitError(problem)
     return value
+
+
+def int_limit_message(exc: ValueError) -> str:
+    """``exc``'s message, with Python's integer-size error (which advises
+    ``sys.set_int_max_str_digits()``) said in the operator's terms."""
+    message = str(exc)
+    if "integer string conversion" in message:
+        limit = sys.get_int_max_str_digits() or 4300
+        return f"a number of more than {limit:,} digits"
+    return message
 
 
 def load_document(path: Path, max_bytes: int, max_depth: int = MAX_JSON_DEPTH) -> Any:

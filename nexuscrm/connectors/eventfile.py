@@ -28,7 +28,14 @@ from nexuscrm.connectors.queue import EnqueueRequest, normalize_queue_class
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
-from nexuscrm.inputs import MAX_JSON_DEPTH, nesting_problem
+from nexuscrm.inputs import (
+    MAX_JSON_DEPTH,
+    JsonNumberError,
+    bounded_int,
+    int_limit_message,
+    nesting_problem,
+    non_finite_number,
+)
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
@@ -105,16 +112,26 @@ def json_depth_problem(value: Any) -> str | None:
 
 
 def parse_json(text: str) -> Any:
-    """``json.loads``; ``ValueError`` saying ``invalid JSON at line L column C: why``,
-    or that it nests too deep for the parser."""
+    """``json.loads`` of strict JSON; ``ValueError`` saying ``invalid JSON at line L
+    column C: why``, ``invalid JSON: payload.x: NaN is not a JSON number`` (naming
+    where: Infinity and numbers out of range alike), ``invalid JSON: a number of
+    more than 4,300 digits``, or that it nests too deep for the parser."""
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_int=bounded_int)
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except JsonNumberError as exc:
+        raise ValueError(f"invalid JSON: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"invalid JSON: {int_limit_message(exc)}") from None
+    problem = non_finite_number(value)
+    if problem:
+        raise ValueError(f"invalid JSON: {problem}")
+    return value
 
 
 def load_json_file(path: Path, what: str = "data file") -> Any:

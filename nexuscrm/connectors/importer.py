@@ -38,6 +38,7 @@ from typing import Any
 
 from nexuscrm.connectors.eventfile import EventFileError, load_json_file
 from nexuscrm.connectors.queue import EnqueueRequest
+from nexuscrm.db import tables as t
 from nexuscrm.errors import FatalError, ManifestError
 
 DEFAULT_NAMESPACE = "salesforce"
@@ -110,6 +111,18 @@ def _load_json(path: Path) -> Any:
         raise DataPlanError(str(path), reason) from None
 
 
+def _file_name_problem(path: Path) -> str | None:
+    """Why the file system cannot even look ``path`` up (a NUL byte, a name or
+    path too long ...), else ``None`` (a missing file is no problem here)."""
+    if "\x00" in str(path):
+        return "the name contains a NUL byte"
+    try:
+        path.exists()
+    except (OSError, ValueError) as exc:
+        return f"not a usable file name: {exc.strerror if isinstance(exc, OSError) else exc}"
+    return None
+
+
 def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, list[Path]]]:
     """(sobject, resolveRefs, data files) of each plan entry, in plan order."""
     if not isinstance(plan, list):
@@ -127,6 +140,12 @@ def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, li
             raise DataPlanError(
                 str(plan_path), f"{where} ({sobject}): 'files' must be a non-empty list of names"
             )
+        for name in files:
+            problem = _file_name_problem(plan_path.parent / name)
+            if problem:
+                raise DataPlanError(
+                    str(plan_path), f"{where} ({sobject}): file {name[:80]!r}: {problem}"
+                )
         resolve = entry.get("resolveRefs", False)
         if not isinstance(resolve, bool):
             raise DataPlanError(str(plan_path), f"{where} ({sobject}): 'resolveRefs' not boolean")
@@ -227,6 +246,27 @@ def project_plans(project: Path) -> list[Path]:
     return sorted(p for p in data.glob("*.json") if "plan" in p.name.lower() and p.is_file())
 
 
+MAX_OBJECT_CHARS = 128
+"""Longest ``attributes.type`` (the event's source object column)."""
+
+
+def _event_key_problem(sobject: str, key: str) -> str | None:
+    """Why a record's type or (scoped) referenceId cannot make an event, else ``None``:
+    the type is over :data:`MAX_OBJECT_CHARS`, or the idempotency key
+    ``<type>:<remote id>:<digest>`` over the key column's 191 characters."""
+    if len(sobject) > MAX_OBJECT_CHARS:
+        return (
+            f"attributes.type has {len(sobject):,} characters, over the limit of {MAX_OBJECT_CHARS}"
+        )
+    if len(key) > t.KEY:
+        return (
+            f"attributes.type and referenceId are too long: the event key "
+            f"'<type>:<scope>.<referenceId>:<digest>' would have {len(key):,} characters, "
+            f"over the limit of {t.KEY}"
+        )
+    return None
+
+
 def _digest(rec: _PlanRecord) -> str:
     body = json.dumps(rec.fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
@@ -271,8 +311,11 @@ def import_sfdx_plans(
     permutes the events with ``random.Random(seed)``.
 
     Raises ``DataPlanError`` naming the file for a missing plan, an
-    unreadable file, invalid JSON, a plan or record of the wrong shape, and a
-    ``referenceId`` used twice.
+    unreadable file, invalid JSON (``NaN``, ``Infinity`` and numbers out of
+    range included, named by record and field), a plan or record of the wrong
+    shape, a data file name the file system cannot look up (a NUL byte, too
+    long), a ``referenceId`` used twice, and a record whose type (over 128
+    characters) or event key (over 191) cannot be stored.
     """
     records: list[_PlanRecord] = []
     seen: dict[str, Path] = {}
@@ -327,12 +370,16 @@ def import_sfdx_plans(
             )  # fmt: skip
             continue
         remote_id = remote(rec.reference_id)
+        key = f"{rec.sobject}:{remote_id}:{_digest(rec)}"
+        too_long = _event_key_problem(rec.sobject, key)
+        if too_long:
+            raise DataPlanError(str(rec.file), f"record {rec.reference_id[:60]!r}: {too_long}")
         out.events.append(
             EnqueueRequest(
                 installed_pack_id=installed_pack_id,
                 namespace=namespace,
                 event_kind=event_kind,
-                idempotency_key=f"{rec.sobject}:{remote_id}:{_digest(rec)}",
+                idempotency_key=key,
                 source_object=rec.sobject,
                 source_id=remote_id,
                 payload={

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
 
 GRAMMAR = r"""
 ?start: expr
@@ -207,14 +213,25 @@ def parse(text: str) -> Node:
     """Parse formula source into an AST.
 
     Raises ``FormulaSyntaxError`` with the line and column of the first problem,
-    followed by the line of the formula and a caret under the position.
+    followed by the line of the formula and a caret under the position; or
+    saying it is nested too deeply to read (the tree is built recursively).
     """
     try:
         tree: Any = _PARSER.parse(text)
     except UnexpectedInput as exc:
         raise FormulaSyntaxError(_describe(exc) + _caret(text, exc)) from None
-    node: Node = _ToAst().transform(tree)
+    try:
+        node: Node = _ToAst().transform(tree)
+    except RecursionError:
+        raise FormulaSyntaxError(TOO_DEEP) from None
+    except VisitError as exc:  # lark wraps what a rule callback raised
+        if isinstance(exc.orig_exc, RecursionError):
+            raise FormulaSyntaxError(TOO_DEEP) from None
+        raise
     return node
+
+
+TOO_DEEP = "the formula is nested too deeply to read"
 
 
 def _caret(text: str, exc: UnexpectedInput) -> str:

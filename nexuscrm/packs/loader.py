@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError
+from nexuscrm.inputs import JsonNumberError, int_limit_message, strict_json_loads
 from nexuscrm.packs.model import PackManifest
 
 NATIVE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -209,7 +210,7 @@ def _parse_document(path: Path) -> Any:
     text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text, object_pairs_hook=_json_object)
+            return strict_json_loads(text, object_pairs_hook=_json_object)
         except RecursionError:
             raise ManifestError(str(path), "JSON nested too deeply to read") from None
         except json.JSONDecodeError as exc:
@@ -218,6 +219,10 @@ def _parse_document(path: Path) -> Any:
             ) from exc
         except _DuplicateKeyError as exc:
             raise ManifestError(str(path), f"JSON error: found duplicate key {exc.key!r}") from exc
+        except JsonNumberError as exc:
+            raise ManifestError(str(path), f"JSON error: {exc}") from None
+        except ValueError as exc:
+            raise ManifestError(str(path), f"JSON error: {int_limit_message(exc)}") from None
     try:
         # A SafeLoader subclass: no Python object tags are constructed.
         return _load_yaml(path, text)

@@ -162,13 +162,22 @@ def _read_project(root: Path) -> tuple[str | None, list[Path]]:
         rel = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(rel, str) or not rel.strip():
             raise ManifestError(str(project_file), f"packageDirectories[{i}].path: missing")
-        pkg = (root / rel).resolve()
-        if not pkg.is_relative_to(resolved_root):
+        try:
+            pkg = (root / rel).resolve()
+            outside = not pkg.is_relative_to(resolved_root)
+            missing = outside or not pkg.is_dir()
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long ...
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ManifestError(
+                str(project_file),
+                f"packageDirectories[{i}].path: {rel[:80]!r} is not a usable path: {reason}",
+            ) from None
+        if outside:
             raise ManifestError(
                 str(project_file),
                 f"packageDirectories[{i}].path: {rel!r} points outside the project",
             )
-        if not pkg.is_dir():
+        if missing:
             raise ManifestError(
                 str(project_file), f"packageDirectories[{i}].path: {rel!r} does not exist"
             )
@@ -460,7 +469,12 @@ def _read_plugin(root: Path) -> tuple[str | None, tuple[str, ...]]:
     namespace = data.get("namespace") or None
     if namespace is not None and not isinstance(namespace, str):
         raise ManifestError(str(project_file), "namespace: must be a string")
-    plugin = (data.get("plugins") or {}).get("nexusctl") or {}
+    plugins = data.get("plugins") or {}
+    if not isinstance(plugins, dict):
+        raise ManifestError(
+            str(project_file), f"plugins: must be an object, not {type(plugins).__name__}"
+        )
+    plugin = plugins.get("nexusctl") or {}
     deps = plugin.get("dependsOn") if isinstance(plugin, dict) else None
     if deps is None:
         return namespace, ()
