@@ -123,6 +123,11 @@ class ConnectorActivities:
     def claim(self, req: ClaimRequest) -> list[ClaimedLease]:
         """Claim one batch for the worker; returns (work id, lease token) pairs only.
 
+        Keyed (``req.claim_key``): run again after the worker died between the
+        claim's commit and the recording of its result, it returns the same
+        items (their leases still live) rather than claiming others and leaving
+        those to wait out their lease.
+
         Nothing (``[]``) once the worker shuts down: a batch claimed now could
         not be processed here, and its leases would wait out their expiry.
         Claims under the config's fence (generation, fencing token). Raises
@@ -146,6 +151,7 @@ class ConnectorActivities:
                 max_processing_rows=c.max_processing_rows,
                 generation=c.generation,
                 fencing_token=c.fencing_token,
+                claim_key=req.claim_key,
             ),
         )
         self.metrics.claimed(c.install_id, time.monotonic() - started, len(leases))

@@ -201,11 +201,14 @@ class InboundWorkerWorkflow:
         """Loop until drained; continue-as-new every N batches or when history is large."""
         owner = f"{workflow.info().workflow_id}/{workflow.info().run_id}"
         backoff = workflow.patched(IDLE_BACKOFF_PATCH)
+        claims = 0
         while not self.draining:
             self.woken = False
+            claims += 1
             leases = await workflow.execute_local_activity_method(
                 ConnectorActivities.claim,
-                _ClaimRequest(config, owner),
+                # Keyed: re-run on replay after a crash, it returns what it leased.
+                _ClaimRequest(config, owner, f"{owner}#{claims}"),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=CLAIM_RETRY,
             )

@@ -57,10 +57,16 @@ class InboundWorkerConfig:
 
 @dataclass
 class ClaimRequest:
-    """claim activity input (the worker config plus its lease owner id)."""
+    """claim activity input: the worker config, its lease owner id, and the claim's key.
+
+    ``claim_key`` names this claim of the worker's run (``<owner>#<n>``); a
+    claim re-run with it returns what its first run leased (see
+    ``ClaimSpec.claim_key``). Blank: an unkeyed claim (histories from before it).
+    """
 
     config: InboundWorkerConfig
     lease_owner: str
+    claim_key: str = ""
 
 
 @dataclass

@@ -4,7 +4,9 @@ Run as ``python tests/faults/crashing_worker.py`` with the worker's ``NEXUS_*``
 settings and ``NEXUS_TEST_CRASH_AFTER_ACTIVITY=N``: the first attempt of
 activity id ``N`` of a workflow of type ``NEXUS_TEST_CRASH_WORKFLOW_TYPE``
 (default ``ApplyAll``) runs to its end (its writes are committed) and the
-process is killed before the worker reports the completion. The server retries
+process is killed before the worker reports the completion. Or with
+``NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE=T``: killed after the first activity
+(or local activity) of type ``T`` whose result is not empty. The server retries
 the activity on the next worker after the heartbeat timeout: the worst case
 for a phase's idempotency. Used by ``test_worker_kills.py``; a test aid only,
 never part of the application.
@@ -33,6 +35,7 @@ import nexusctl.worker
 from nexusctl.cli import main as cli_main
 
 CRASH_AFTER = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY", "")
+CRASH_AFTER_TYPE = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE", "")
 WORKFLOW_TYPE = os.environ.get("NEXUS_TEST_CRASH_WORKFLOW_TYPE", "ApplyAll")
 
 
@@ -40,11 +43,9 @@ class _CrashAfter(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         result = await self.next.execute_activity(input)
         info = activity.info()
-        if (
-            info.workflow_type == WORKFLOW_TYPE
-            and info.activity_id == CRASH_AFTER
-            and info.attempt == 1
-        ):
+        by_id = bool(CRASH_AFTER) and info.activity_id == CRASH_AFTER
+        by_type = bool(CRASH_AFTER_TYPE) and info.activity_type == CRASH_AFTER_TYPE and bool(result)
+        if info.workflow_type == WORKFLOW_TYPE and info.attempt == 1 and (by_id or by_type):
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 

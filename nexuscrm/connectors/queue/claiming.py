@@ -163,13 +163,23 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         # A plain read: claims that commit after it are not counted, so claims
         # running at the same moment can together pass the budget by up to their
         # own batches (it bounds pressure; lanes stay exclusive).
+        keyed = bool(spec.claim_key) and not full
         processing = conn.execute(
-            select(_w.c.TargetMutationLaneKey, _w.c.LeaseUntil, _case(_parked(_w))).where(
+            select(
+                _w.c.TargetMutationLaneKey,
+                _w.c.LeaseUntil,
+                _case(_parked(_w)),
+                *((_w.c.WorkId, _w.c.LeaseOwner, _w.c.LeaseToken) if keyed else ()),
+            ).where(
                 _w.c.InstalledPackId == spec.installed_pack_id,
                 _w.c.State == STATE_PROCESSING,
                 _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
             )
         ).all()
+        if keyed:
+            again = _claimed_before(processing, spec, when)
+            if again:
+                return again
         busy: set[str | None] = {r[0] for r in processing if r[1] is not None and r[1] >= when}
         held = sum(1 for r in processing if not r[2])
         room = max(0, spec.max_processing_rows - int(held))
@@ -215,7 +225,7 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
                 picked = [c for c in picked if c.work_id not in gone]
                 if not picked:
                     return []
-        tokens = {c.work_id: uuid.uuid4().hex for c in picked}
+        tokens = {c.work_id: _lease_token(spec, c.work_id, keyed) for c in picked}
         # One compare-and-set UPDATE for the batch: each row must still be in
         # the (State, LeaseToken, Attempt) it was chosen in. Which rows won is
         # read back by their fresh, unique tokens in _load_claimed.
@@ -255,6 +265,32 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
         if abandoned:
             _insert_attempts(conn, abandoned, ignore_existing=True)
         return result
+
+
+_CLAIM_KEY_NAMESPACE = uuid.UUID("6f1d3c2e-8a4b-5c7d-9e0f-1a2b3c4d5e6f")
+
+
+def _lease_token(spec: ClaimSpec, work_id: str, keyed: bool) -> str:
+    """A fresh uuid4 token, or (``keyed``) one derived from the claim key and the item."""
+    if keyed:
+        return uuid.uuid5(_CLAIM_KEY_NAMESPACE, f"{spec.claim_key}/{work_id}").hex
+    return uuid.uuid4().hex
+
+
+def _claimed_before(rows: Sequence[Any], spec: ClaimSpec, when: datetime) -> list[tuple[str, str]]:
+    """The ``(work_id, token)`` pairs an earlier run of this keyed claim leased, still live.
+
+    ``rows`` are the pack's processing rows with ``WorkId``, ``LeaseOwner`` and
+    ``LeaseToken`` (see :data:`ClaimSpec.claim_key`); in ``WorkId`` order.
+    """
+    return sorted(
+        (r.WorkId, r.LeaseToken)
+        for r in rows
+        if r.LeaseOwner == spec.lease_owner
+        and r.LeaseUntil is not None
+        and r.LeaseUntil >= when
+        and r.LeaseToken == _lease_token(spec, r.WorkId, True)
+    )
 
 
 def _lock_candidates(conn: Connection, picked: list[_Candidate]) -> set[str]:

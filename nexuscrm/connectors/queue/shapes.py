@@ -124,6 +124,12 @@ class ClaimSpec:
     claim is refused unless it is the pack's current fence (0 and blank:
     unfenced, admitted only while the pack has no fence; see
     :mod:`nexuscrm.connectors.queue.fencing`), and stamps both on the items.
+    ``claim_key``: names one logical claim (blank: none). Its lease tokens are
+    derived from the key and the work id, so the claim run again with the same
+    key and owner (a worker died after it committed and before its result was
+    recorded, and the workflow re-ran it) returns the items it leased, whose
+    leases are still live, instead of leaving them to expire (only
+    :func:`~nexuscrm.connectors.queue.claiming.claim_leases`).
 
     Immutable: the two class lists are stored as tuples. Nothing is checked
     here; the claim validates, so a bad spec fails where it is used.
@@ -140,6 +146,7 @@ class ClaimSpec:
     max_attempts: int = MAX_ATTEMPTS
     generation: int = 0
     fencing_token: str = ""
+    claim_key: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queue_classes", tuple(self.queue_classes))
