@@ -26,3 +26,12 @@ def is_not_found(err: BaseException) -> bool:
     Any other failure is unexpected and must surface (never swallowed).
     """
     return isinstance(err, ApplicationError) and "not found" in str(err).lower()
+
+
+def brief(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hand-typed signal or update
+    argument (``temporal workflow signal --input``) may be a megabyte long."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"

@@ -54,9 +54,11 @@ with workflow.unsafe.imports_passed_through():
         RemovePackRequest,
         bounded_queue_wait,
         queue_wait_problem,
+        request_size_problem,
     )
 
 from workflows.apply_all_gates import POLICIES
+from workflows.common import brief
 from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, _PhaseRunner
 
 # Auto-start joins a queued identical request only, never a running one.
@@ -64,6 +66,11 @@ AUTO_START_JOINS_QUEUED_PATCH = "controlplane-queue-auto-start-joins-queued"
 
 # Finished entries kept for ``status`` (and for callers that look up their result late).
 RECENT_KEPT = 50
+
+
+_NO_REQUEST = ControlPlaneRequest(operation="")
+"""``submit`` without an argument (``temporal workflow update execute`` without
+``--input``): its validator refuses it, naming what is missing."""
 
 
 def _key(req: ControlPlaneRequest) -> tuple[Any, ...]:
@@ -101,9 +108,11 @@ class ControlPlaneEntity:
     """The per-database control-plane queue (see the module docstring).
 
     Update ``submit(ControlPlaneRequest) -> ControlPlaneTicket`` (rejected:
-    unknown operation or policy, missing input, a wait that is not a finite
-    number of seconds above 0 and at most 7 days, or
-    ``no_queue`` while busy); query ``status() -> ControlPlaneQueueStatus``.
+    not one request object, unknown operation or policy, missing input, a
+    request over ``MAX_REQUEST_CHARS`` of JSON, a wait that is not a finite
+    number of seconds above 0 and at most 7 days, or ``no_queue`` while
+    busy; an unusable heartbeat timeout fails its child at once); query
+    ``status() -> ControlPlaneQueueStatus``.
     Never completes on its own; continues as new between operations.
     """
 
@@ -252,8 +261,10 @@ class ControlPlaneEntity:
     # -- messages -------------------------------------------------------------------
 
     @workflow.update
-    def submit(self, req: ControlPlaneRequest) -> ControlPlaneTicket:
-        """Queue ``req`` (or join an identical queued/running one); return its ticket."""
+    def submit(self, req: ControlPlaneRequest = _NO_REQUEST) -> ControlPlaneTicket:
+        """Queue ``req`` (or join an identical queued/running one); return its ticket.
+
+        The default only lets the validator name a missing request."""
         now = workflow.now()
         # The validator refuses an unusable wait; the clamp only guards requests
         # accepted before it did (their deadline must not overflow a date).
@@ -279,15 +290,38 @@ class ControlPlaneEntity:
         return self._ticket(entry, coalesced=False)
 
     @submit.validator
-    def _validate_submit(self, req: ControlPlaneRequest) -> None:
+    def _validate_submit(self, req: ControlPlaneRequest = _NO_REQUEST) -> None:
+        """Refuse an unusable request before it is accepted (no trace in the history).
+
+        A request of the wrong shape (not an object, a field of the wrong
+        type, no ``operation``) is refused by the SDK's decoding, naming the
+        field; two arguments by Python's call of this validator.
+        """
+        if req is _NO_REQUEST or not isinstance(req, ControlPlaneRequest):
+            raise ApplicationError(
+                "submit takes one argument, a request object such as "
+                '{"operation": "RunRepair", "operation_input": {}}; got '
+                + ("none" if req is _NO_REQUEST else brief(req)),
+                type="BadRequest",
+            )
         if req.operation not in QUEUED_OPERATIONS:
             raise ApplicationError(
                 f"unknown control-plane operation {req.operation!r}: one of "
                 + ", ".join(QUEUED_OPERATIONS),
                 type="BadRequest",
             )
-        if _child_arg(req) is None:
-            raise ApplicationError(f"{req.operation} request without input", type="BadRequest")
+        child_arg = _child_arg(req)
+        if child_arg is None:
+            field_name = {"ApplyAll": "apply_all", "RemovePack": "remove_pack"}.get(
+                req.operation, "operation_input"
+            )
+            raise ApplicationError(
+                f"{req.operation} request without input: set {field_name} ({{}} for the defaults)",
+                type="BadRequest",
+            )
+        size_problem = request_size_problem(req)
+        if size_problem:
+            raise ApplicationError(size_problem, type="BadRequest")
         if req.apply_all is not None and req.apply_all.policy not in POLICIES:
             raise ApplicationError(
                 f"unknown ApplyAll policy {req.apply_all.policy!r}: one of {', '.join(POLICIES)}",

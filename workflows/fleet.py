@@ -32,6 +32,7 @@ from workflows.common import (
     HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW,
     PACK_KEY,
     WAKE_COALESCE,
+    brief,
     is_not_found,
 )
 from workflows.controlplane import DATABASE_KEY
@@ -164,13 +165,22 @@ class ConnectorFleetWorkflow:
         self.stopping = True
 
     @workflow.signal
-    def wake(self, install_id: str = "") -> None:
-        """Wake the pool serving ``install_id`` (a no-op when none runs; coalesced).
+    def wake(self, *args: Any) -> None:
+        """Wake the pool serving install id ``args[0]`` (a no-op when none runs; coalesced).
 
         Without an argument (a hand-typed ``temporal workflow signal`` without
-        ``--input``), every pool is woken: a signal must never fail the fleet.
+        ``--input``), every pool is woken. A signal must never fail the fleet:
+        the arguments arrive undecoded (``*args`` has no type hint, so the SDK
+        calls the handler with whatever was sent instead of failing the
+        workflow task on two of them), and anything but one string is logged
+        and ignored.
         """
-        self.wake_targets.add(install_id or WAKE_ALL)
+        if len(args) > 1 or (args and not isinstance(args[0], str)):
+            workflow.logger.warning(
+                "wake ignored: it takes one install id (a string), got %s", brief(list(args))
+            )
+            return
+        self.wake_targets.add((args[0] if args else "") or WAKE_ALL)
 
     async def _forward_wakes(self) -> None:
         while not self.stopping:
@@ -183,8 +193,10 @@ class ConnectorFleetWorkflow:
             await workflow.sleep(WAKE_COALESCE)
 
     @workflow.update
-    async def prune(self, namespace: str, install_id: str) -> bool:
-        """Port of ``PruneWorkerIncarnation``: drain that pool now; True if one ran."""
+    async def prune(self, namespace: str = "", install_id: str = "") -> bool:
+        """Port of ``PruneWorkerIncarnation``: drain that pool now; True if one ran.
+
+        The defaults only let the validator name a missing argument."""
         self.lifecycle_busy += 1
         try:
             async with self.lock:
@@ -197,6 +209,27 @@ class ConnectorFleetWorkflow:
                 return True
         finally:
             self.lifecycle_busy -= 1
+
+    @prune.validator
+    def _validate_prune(self, namespace: str = "", install_id: str = "") -> None:
+        """Refuse a ``prune`` that is not two non-empty strings (before it is
+        accepted: a rejected update leaves no trace in the history).
+
+        A wrong type is refused by the SDK's decoding, naming it. A wrong count
+        of arguments arrives undecoded (the SDK uses type hints only when the
+        counts match): one or none used to be accepted and then fail the
+        workflow task on every attempt when the handler was called with it,
+        wedging the fleet and the caller; three are refused by Python itself.
+        """
+        if not (isinstance(namespace, str) and namespace) or not (
+            isinstance(install_id, str) and install_id
+        ):
+            raise ApplicationError(
+                "prune takes two non-empty strings, the pack's namespace and its install id "
+                f"(--input '\"<namespace>\"' --input '\"<install id>\"'), got "
+                f"{brief([a for a in (namespace, install_id) if a != ''])}",
+                type="BadRequest",
+            )
 
     @workflow.query
     def status(self) -> FleetStatus:

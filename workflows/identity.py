@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
@@ -45,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         ProbeRequest,
         ProbeResult,
     )
+    from workflows.common import brief
     from workflows.controlplane import DATABASE_KEY
 
 DEPENDENCY_OBJECT_KEY = SearchAttributeKey.for_keyword("NexusDependencyObject")
@@ -57,6 +59,24 @@ _RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
 )
+
+
+MAX_WORK_ID_CHARS = 64
+"""Longest work id (``ConnectorWorkItem.WorkId`` is ``String(64)``)."""
+
+
+def _work_ids(args: tuple[Any, ...]) -> list[str] | None:
+    """The work ids of a ``register`` signal's raw arguments; ``None``: not a registration."""
+    if len(args) > 1:
+        return None
+    ids = args[0] if args else None
+    if ids is None:
+        return []
+    if isinstance(ids, list) and all(
+        isinstance(i, str) and 0 < len(i) <= MAX_WORK_ID_CHARS for i in ids
+    ):
+        return ids
+    return None
 
 
 def _iso(value: datetime) -> str:
@@ -87,12 +107,28 @@ class IdentityWaitWorkflow:
         self.probe_requested = False
 
     @workflow.signal
-    def register(self, work_ids: list[str] | None = None) -> None:
-        """Items blocked on this dependency (after their block committed).
+    def register(self, *args: Any) -> None:
+        """Items blocked on this dependency (after their block committed): one
+        argument, a list of work ids (or ``null``).
 
-        Without an argument it asks for a probe now (a parked wait otherwise
-        probes again only when its first item is due to expire)."""
-        self.items.update(work_ids or [])
+        Without items it asks for a probe now (a parked wait otherwise probes
+        again only when its first item is due to expire). The argument arrives
+        undecoded (``*args`` has no type hint): the SDK's decoding would read a
+        hand-typed string as a list of its characters and an object as a list
+        of its keys, and two arguments would fail the workflow task over and
+        over. Anything but zero or one list of work ids (strings of at most
+        :data:`MAX_WORK_ID_CHARS`) is logged and ignored.
+        """
+        work_ids = _work_ids(args)
+        if work_ids is None:
+            workflow.logger.warning(
+                "register ignored: it takes one list of work ids (strings of at most %d "
+                "characters) or none, got %s",
+                MAX_WORK_ID_CHARS,
+                brief(list(args)),
+            )
+            return
+        self.items.update(work_ids)
         self.registrations += 1
         if not work_ids:
             self.probe_requested = True

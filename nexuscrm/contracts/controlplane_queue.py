@@ -10,6 +10,8 @@ running workflows' histories (new fields only at the end, with defaults).
 No ``from __future__ import annotations`` (see ``contracts/controlplane.py``).
 """
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -52,6 +54,28 @@ def bounded_queue_wait(seconds: float) -> float:
     if not isinstance(seconds, int | float) or math.isnan(seconds):
         return MAX_QUEUE_WAIT_SECONDS
     return min(max(float(seconds), 1.0), MAX_QUEUE_WAIT_SECONDS)
+
+
+MAX_REQUEST_CHARS = 16_384
+"""Largest ``submit`` request, in characters of JSON. The entity keeps every
+request in its queue, its last 50 in ``recent``, all of them in its status and
+its continue-as-new input (the server refuses a payload over 2 MB); a real
+request is a few hundred characters."""
+
+
+def request_size_problem(req: "ControlPlaneRequest") -> str | None:
+    """Why ``req`` is too large to queue (``None``: it is not), naming its largest field."""
+    sizes = {
+        name: len(json.dumps(value, default=str)) for name, value in dataclasses.asdict(req).items()
+    }
+    total = len(json.dumps(dataclasses.asdict(req), default=str))
+    if total <= MAX_REQUEST_CHARS:
+        return None
+    largest = max(sizes, key=lambda name: sizes[name])
+    return (
+        f"request is {total:,} characters of JSON ({largest} {sizes[largest]:,}); "
+        f"at most {MAX_REQUEST_CHARS:,}"
+    )
 
 
 # Workflow types the entity runs as children (the operation of a request).
