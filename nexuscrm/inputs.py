@@ -56,6 +56,12 @@ def bounded_int(text: str) -> int:
     return int(text)
 
 
+def _non_finite_message(node: float, path: str) -> str:
+    what = "NaN" if math.isnan(node) else ("-" if node < 0 else "") + "Infinity"
+    extra = "" if what == "NaN" else " (a number out of range, such as 1e999, reads as it)"
+    return f"{path or '(value)'}: {what} is not a JSON number{extra}"
+
+
 def non_finite_number(value: Any) -> str | None:
     """``<path>: NaN is not a JSON number`` for the first NaN or infinite float in
     ``value`` (``payload.fields.Amount``, ``[2].x``; walked without recursion),
@@ -65,13 +71,51 @@ def non_finite_number(value: Any) -> str | None:
     while stack:
         node, path = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
-            what = "NaN" if math.isnan(node) else ("-" if node < 0 else "") + "Infinity"
-            extra = "" if what == "NaN" else " (a number out of range, such as 1e999, reads as it)"
-            return f"{path or '(value)'}: {what} is not a JSON number{extra}"
+            return _non_finite_message(node, path)
         if isinstance(node, dict):
             stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in reversed(node.items()))
         elif isinstance(node, list):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
+    return None
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone UTF-16 surrogate of ``text`` as its escape (``\\udc80``), else ``None``."""
+    for ch in text:
+        if "\ud800" <= ch <= "\udfff":
+            return f"\\u{ord(ch):04x}"
+    return None
+
+
+def unstorable_value(value: Any) -> str | None:
+    """``<path>: ...`` for the first value of ``value`` no database can store,
+    else ``None``: a NaN or infinite float (:func:`non_finite_number`), or a
+    string or key holding a lone UTF-16 surrogate (``"\\udc80"``, which JSON
+    and YAML escapes can spell but UTF-8 cannot encode). Walked without
+    recursion; a container met twice (YAML aliases) is walked once."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return _non_finite_message(node, path)
+        if isinstance(node, str):
+            bad = _lone_surrogate(node)
+            if bad:
+                where = path or "(value)"
+                return f"{where}: {bad} is a lone surrogate, not text (UTF-8 cannot hold it)"
+        elif isinstance(node, dict | list) and id(node) not in seen:
+            seen.add(id(node))
+            if isinstance(node, dict):
+                for k, v in reversed(node.items()):
+                    where = f"{path}.{k}" if path else str(k)
+                    if isinstance(k, str) and _lone_surrogate(k):
+                        return (
+                            f"{where}: a key with a lone surrogate ({_lone_surrogate(k)}), not text"
+                        )
+                    stack.append((v, where))
+            else:
+                stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
     return None
 
 
@@ -167,7 +211,7 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
         raise InputLimitError(f"not valid JSON: {exc}") from None
     except ValueError as exc:  # a YAML integer of more digits than Python converts
         raise InputLimitError(f"not valid {kind.upper()}: {int_limit_message(exc)}") from None
-    problem = nesting_problem(value, max_depth)
+    problem = nesting_problem(value, max_depth) or unstorable_value(value)
     if problem:
         raise InputLimitError(problem)
     return value

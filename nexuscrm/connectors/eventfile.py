@@ -34,7 +34,7 @@ from nexuscrm.inputs import (
     bounded_int,
     int_limit_message,
     nesting_problem,
-    non_finite_number,
+    unstorable_value,
 )
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -128,7 +128,7 @@ def parse_json(text: str) -> Any:
         raise ValueError(f"invalid JSON: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"invalid JSON: {int_limit_message(exc)}") from None
-    problem = non_finite_number(value)
+    problem = unstorable_value(value)
     if problem:
         raise ValueError(f"invalid JSON: {problem}")
     return value
@@ -166,7 +166,13 @@ def _field_problems(where: str, exc: ValidationError) -> list[str]:
     return out
 
 
-def read_event_file(path: Path, *, installed_pack_id: str, namespace: str) -> list[EnqueueRequest]:
+def read_event_file(
+    path: Path,
+    *,
+    installed_pack_id: str,
+    namespace: str,
+    resolver: RouteResolver | None = None,
+) -> list[EnqueueRequest]:
     """Every event of the JSON-lines file ``path``, as requests for one pack.
 
     One JSON object per line (blank lines skipped), keys as
@@ -175,11 +181,16 @@ def read_event_file(path: Path, *, installed_pack_id: str, namespace: str) -> li
     unreadable or over :data:`MAX_FILE_BYTES`, a line that is not UTF-8,
     longer than :data:`MAX_LINE_BYTES`, not JSON, nested deeper than
     :data:`MAX_JSON_DEPTH`, not an object, or with a missing, mistyped,
-    too long or unknown field, or an unknown queue class).
+    too long or unknown field, or an unknown queue class). With ``resolver``,
+    an event whose pack has no route for its kind and version is a problem
+    too, named at the first line of each (kind, version) with the count of
+    the other lines (see :func:`unrouted`).
     """
     data = read_bounded(path, MAX_FILE_BYTES, "events file")
     problems: list[str] = []
     requests: list[EnqueueRequest] = []
+    no_route: dict[tuple[str, int], list[int]] = {}  # (kind, version) -> [problem index, lines]
+    routed: set[tuple[str, int]] = set()
     for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{n}"
         if not raw.strip():
@@ -216,14 +227,29 @@ def read_event_file(path: Path, *, installed_pack_id: str, namespace: str) -> li
                 f"claims (one of {', '.join(QUEUE_CLASSES)})"
             )
             continue
-        requests.append(
-            EnqueueRequest(
-                installed_pack_id=installed_pack_id,
-                namespace=namespace,
-                queue_class=queue_class,
-                **line.model_dump(exclude={"queue_class"}),
-            )
+        request = EnqueueRequest(
+            installed_pack_id=installed_pack_id,
+            namespace=namespace,
+            queue_class=queue_class,
+            **line.model_dump(exclude={"queue_class"}),
         )
+        requests.append(request)
+        route = (request.event_kind, request.route_version)
+        if resolver is None or route in routed:
+            continue
+        if route in no_route:
+            no_route[route].append(n)
+            continue
+        try:
+            resolver.resolve(installed_pack_id, *route)
+        except RouteNotFoundError as exc:
+            no_route[route] = [len(problems), n]
+            problems.append(f"{where}: event_kind {route[0]!r} v{route[1]}: {exc}")
+        else:
+            routed.add(route)
+    for index, *found in no_route.values():
+        if len(found) > 1:
+            problems[index] += f" (and {len(found) - 1} more line(s) of it: {found[1]}, ...)"
     if problems:
         raise EventFileError(problems)
     return requests

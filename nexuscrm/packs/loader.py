@@ -23,7 +23,12 @@ import yaml
 from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError
-from nexuscrm.inputs import JsonNumberError, int_limit_message, strict_json_loads
+from nexuscrm.inputs import (
+    JsonNumberError,
+    int_limit_message,
+    strict_json_loads,
+    unstorable_value,
+)
 from nexuscrm.packs.model import PackManifest
 
 NATIVE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -162,14 +167,20 @@ def _read_text(path: Path) -> str:
         raise ManifestError(str(path), f"not UTF-8 text: {exc}") from exc
 
 
+RECURSIVE = -1
+"""What :func:`_expanded_nodes` returns for a document with a recursive alias."""
+
+
 def _expanded_nodes(root: yaml.Node) -> int:
     """How many nodes ``root`` stands for once every alias is expanded (capped).
 
     Aliases make the composed document a graph: counted with a memo per node,
     in time linear in the file, so a 15 KB alias bomb is measured, never built.
-    Stops counting past :data:`MAX_YAML_NODES`.
+    Stops counting past :data:`MAX_YAML_NODES`. A node that contains itself
+    (a recursive alias, ``&d [*d]``) stands for no end of nodes: :data:`RECURSIVE`.
     """
     sizes: dict[int, int] = {}
+    open_: set[int] = set()  # expanded, not yet sized: the path from the root
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -181,9 +192,13 @@ def _expanded_nodes(root: yaml.Node) -> int:
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
         if not done:
+            if id(node) in open_:  # met again inside itself: a recursive alias
+                return RECURSIVE
+            open_.add(id(node))
             stack.append((node, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
             continue
+        open_.discard(id(node))
         sizes[id(node)] = min(MAX_YAML_NODES + 1, 1 + sum(sizes.get(id(c), 1) for c in children))
     return sizes[id(root)]
 
@@ -195,7 +210,14 @@ def _load_yaml(path: Path, text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_nodes(node) > MAX_YAML_NODES:
+        expanded = _expanded_nodes(node)
+        if expanded == RECURSIVE:
+            raise ManifestError(
+                str(path),
+                "a recursive YAML alias (an anchor used inside itself) nests without end; "
+                "write the values out instead",
+            )
+        if expanded > MAX_YAML_NODES:
             raise ManifestError(
                 str(path),
                 f"expands to more than {MAX_YAML_NODES:,} YAML nodes through aliases "
@@ -207,6 +229,16 @@ def _load_yaml(path: Path, text: str) -> Any:
 
 
 def _parse_document(path: Path) -> Any:
+    """The manifest's document; a value no database can store is refused here,
+    naming its path (a lone surrogate, which a later write could not encode)."""
+    data = _parse_raw(path)
+    problem = unstorable_value(data)
+    if problem:
+        raise ManifestError(str(path), problem)
+    return data
+
+
+def _parse_raw(path: Path) -> Any:
     text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:

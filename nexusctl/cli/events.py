@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from nexuscrm.connectors import queue
-from nexuscrm.connectors.eventfile import EventFileError, read_event_file, unrouted
+from nexuscrm.connectors.eventfile import EventFileError, read_event_file
 from nexuscrm.connectors.importer import RefusedRecord, import_sfdx_plans, project_scope
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_connector_packs
 from nexuscrm.errors import NexusError
@@ -64,15 +64,14 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
     settings = load_settings()
     row = connector_pack(settings, pack)
     try:
-        requests = read_event_file(file, installed_pack_id=row.install_id, namespace=row.namespace)
+        requests = read_event_file(
+            file,
+            installed_pack_id=row.install_id,
+            namespace=row.namespace,
+            resolver=RouteResolver(require_engine(settings)),
+        )
     except EventFileError as exc:
         fail(f"events file {file}: {exc}")
-    problems = unrouted(RouteResolver(require_engine(settings)), requests)
-    if problems:
-        fail(
-            f"events file {file}: {len(problems)} problem(s); nothing was enqueued\n  "
-            + "\n  ".join(problems)
-        )
     _enqueue(settings, requests, row.install_id)
 
 

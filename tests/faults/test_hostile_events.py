@@ -71,6 +71,10 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
         [":2:", "invalid JSON at line 1 column"],
     ),
     "nested 50,000 deep": (lines(DEEP), [":1:", "nested deeper than 64"]),
+    "lone surrogate": (
+        lines(good(1), good(2, payload={"x": "\ud800"})),
+        [":2:", "payload.x", "lone surrogate"],
+    ),
     "unknown key": (lines(good(1, payloads={})), ["payloads", "Extra inputs"]),
     "huge line": (
         lines(good(1, payload={"x": "y" * (MAX_LINE_BYTES + 10)})),
@@ -83,6 +87,23 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
     "unknown event kind": (
         lines(good(1, event_kind="salesforce.record.explode")),
         ["salesforce.record.explode", "no route"],
+    ),
+    "unknown kind and version among good lines, with a field problem": (
+        lines(
+            good(1),
+            good(2),
+            good(3, event_kind="nope.kind"),
+            good(4, route_version=7),
+            good(5, event_kind="nope.kind"),
+            good(6, source_id=1),
+        ),
+        [
+            ":3: event_kind 'nope.kind' v1",
+            "(and 1 more line(s) of it: 5",
+            ":4: event_kind",
+            ":6:",
+            "3 problem(s)",
+        ],
     ),
     "several problems at once": (
         lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),

@@ -44,6 +44,57 @@ def test_alias_bomb_is_measured_not_built(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        "name: x\ncategory: AppPack\ndescription: &d [*d]\n",
+        "name: x\ncategory: AppPack\nobjects: [&o {api_name: G__c, fields: [*o]}]\n",
+        "name: x\ncategory: AppPack\nmeta: &m {a: {b: *m}}\n",
+    ],
+)
+def test_a_recursive_alias_is_refused_at_once(tmp_path: Path, body: str) -> None:
+    """An anchor used inside itself stands for no end of nodes: it used to loop in
+    the alias count, growing to gigabytes (CLI and worker alike)."""
+    path = tmp_path / "pack.yaml"
+    path.write_text(body)
+    tracemalloc.start()
+    started = time.monotonic()
+    with pytest.raises(ManifestError, match="recursive YAML alias") as info:
+        load_native(path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert str(path) in str(info.value)
+    assert time.monotonic() - started < 10 and peak < 50 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "where"),
+    [
+        (
+            "pack.json",
+            '{"name": "x", "category": "AppPack", "description": "bad \\udc80"}',
+            "description",
+        ),
+        (
+            "pack.yaml",
+            'name: x\ncategory: AppPack\nobjects:\n  - api_name: A__c\n    label: "\\ud800"\n',
+            "objects[0].label",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_refused_naming_where(
+    tmp_path: Path, name: str, body: str, where: str
+) -> None:
+    """JSON and YAML escapes can spell a lone UTF-16 surrogate, which UTF-8 cannot
+    encode: it passed the dry run and failed ApplyAll's plan-packs with a bare
+    ``UnicodeEncodeError`` naming nothing."""
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(ManifestError, match="lone surrogate") as info:
+        load_native(path)
+    assert str(path) in str(info.value) and f"{where}: \\u" in str(info.value), info.value
+
+
+@pytest.mark.parametrize(
     ("name", "body", "message"),
     [
         ("deep.yaml", "a: " + "[" * 20_000 + "]" * 20_000 + "\n", "nested too deeply"),
