@@ -62,23 +62,6 @@ def _non_finite_message(node: float, path: str) -> str:
     return f"{path or '(value)'}: {what} is not a JSON number{extra}"
 
 
-def non_finite_number(value: Any) -> str | None:
-    """``<path>: NaN is not a JSON number`` for the first NaN or infinite float in
-    ``value`` (``payload.fields.Amount``, ``[2].x``; walked without recursion),
-    else ``None``. Python's JSON parser reads ``NaN``, ``Infinity`` and numbers
-    out of range (``1e999``, as infinity); strict JSON has none of them."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return _non_finite_message(node, path)
-        if isinstance(node, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node))))
-    return None
-
-
 def _lone_surrogate(text: str) -> str | None:
     """The first lone UTF-16 surrogate of ``text`` as its escape (``\\udc80``), else ``None``."""
     for ch in text:
@@ -89,7 +72,8 @@ def _lone_surrogate(text: str) -> str | None:
 
 def unstorable_value(value: Any) -> str | None:
     """``<path>: ...`` for the first value of ``value`` no database can store,
-    else ``None``: a NaN or infinite float (:func:`non_finite_number`), or a
+    else ``None``: a NaN or infinite float (Python's JSON parser reads ``NaN``,
+    ``Infinity`` and ``1e999``; strict JSON has none of them), or a
     string or key holding a lone UTF-16 surrogate (``"\\udc80"``, which JSON
     and YAML escapes can spell but UTF-8 cannot encode). Walked without
     recursion; a container met twice (YAML aliases) is walked once."""

@@ -184,7 +184,7 @@ def read_event_file(
     too long or unknown field, or an unknown queue class). With ``resolver``,
     an event whose pack has no route for its kind and version is a problem
     too, named at the first line of each (kind, version) with the count of
-    the other lines (see :func:`unrouted`).
+    the other lines: such an event could only ever fail ``route-not-found``.
     """
     data = read_bounded(path, MAX_FILE_BYTES, "events file")
     problems: list[str] = []
@@ -253,24 +253,3 @@ def read_event_file(
     if problems:
         raise EventFileError(problems)
     return requests
-
-
-def unrouted(resolver: RouteResolver, requests: list[EnqueueRequest]) -> list[str]:
-    """Problems for the requests whose pack has no route for their kind and version.
-
-    Such an event could only ever fail ``route-not-found``; refusing it at
-    enqueue says so while the sender can still fix it. One problem per
-    distinct (kind, version), naming the pack's routes.
-    """
-    seen: set[tuple[str, str, int]] = set()
-    problems: list[str] = []
-    for req in requests:
-        key = (req.installed_pack_id, req.event_kind, req.route_version)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            resolver.resolve(req.installed_pack_id, req.event_kind, req.route_version)
-        except RouteNotFoundError as exc:
-            problems.append(f"event_kind {req.event_kind!r} v{req.route_version}: {exc}")
-    return problems
