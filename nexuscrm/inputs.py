@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,48 @@ class InputLimitError(ValueError):
 class JsonNumberError(ValueError):
     """A number strict JSON cannot carry: ``NaN``, ``Infinity``, a float that
     overflows to infinity, an integer longer than Python converts."""
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that names one key twice (``json.loads`` keeps the last one
+    silently; every reader here refuses it instead). ``key`` is the key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key[:80]!r} appears twice in one object")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` that builds a dict, raising :class:`DuplicateKeyError`
+    when a key repeats (``{"a": 1, "a": 2}``)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+class UniqueKeyYamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no Python tags) that refuses a mapping naming one key
+    twice (PyYAML keeps the last silently), with the line of the second."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _no_constant(name: str) -> Any:
@@ -104,13 +146,14 @@ def unstorable_value(value: Any) -> str | None:
 
 
 def strict_json_loads(
-    text: str, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+    text: str, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] = unique_keys
 ) -> Any:
     """``json.loads`` of strict JSON: ``NaN``, ``Infinity`` and ``-Infinity`` (which
     Python's parser accepts), a float overflowing to infinity (``1e99999``) and an
     integer of more digits than Python converts raise :class:`JsonNumberError`
-    (a ``ValueError``, not a ``JSONDecodeError``) naming the number; else as
-    ``json.loads`` (``JSONDecodeError``, ``RecursionError``)."""
+    (a ``ValueError``, not a ``JSONDecodeError``) naming the number; a key named
+    twice in one object raises :class:`DuplicateKeyError` (also a ``ValueError``);
+    else as ``json.loads`` (``JSONDecodeError``, ``RecursionError``)."""
     return json.loads(
         text,
         parse_constant=_no_constant,
@@ -171,9 +214,10 @@ def nesting_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
 def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Decode ``data`` (UTF-8) and parse it as ``kind`` (``"json"`` or ``"yaml"``).
 
-    YAML is read with ``yaml.SafeLoader`` (no Python tags). Raises
-    :class:`InputLimitError`: not UTF-8 (byte offset), a syntax error (line
-    and column), a number strict JSON cannot carry (:func:`strict_json_loads`;
+    YAML is read with :class:`UniqueKeyYamlLoader` (a SafeLoader: no Python
+    tags). Raises :class:`InputLimitError`: not UTF-8 (byte offset), a syntax
+    error (line and column), a key named twice in one object or mapping, a
+    number strict JSON cannot carry (:func:`strict_json_loads`;
     in YAML an integer of more digits than Python converts), or nested deeper
     than ``max_depth`` levels.
     """
@@ -182,7 +226,10 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
     except UnicodeDecodeError as exc:
         raise InputLimitError(f"not UTF-8 (byte {exc.start})") from None
     try:
-        value = strict_json_loads(text) if kind == "json" else yaml.safe_load(text)
+        if kind == "json":
+            value = strict_json_loads(text)
+        else:
+            value = yaml.load(text, Loader=UniqueKeyYamlLoader)
     except RecursionError:
         raise InputLimitError(f"nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as exc:
@@ -191,7 +238,7 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
         ) from None
     except yaml.YAMLError as exc:
         raise InputLimitError(f"not valid YAML: {' '.join(str(exc).split())}") from None
-    except JsonNumberError as exc:
+    except (JsonNumberError, DuplicateKeyError) as exc:
         raise InputLimitError(f"not valid JSON: {exc}") from None
     except ValueError as exc:  # a YAML integer of more digits than Python converts
         raise InputLimitError(f"not valid {kind.upper()}: {int_limit_message(exc)}") from None

@@ -325,6 +325,33 @@ def test_import_sfdx_checks_dependencies_against_platform_packs(
     assert not out.exists()
 
 
+def test_import_sfdx_reports_every_dependency_and_plan_problem_at_once(tmp_path: Path) -> None:
+    """A missing dependency hides nothing: the self-cycle, the missing pack and
+    the lookup to an object nobody defines are all listed, naming the file."""
+    src = write_app_pack(
+        tmp_path / "gizmo.yaml",
+        [
+            {"api_name": "Size__c", "type": "Number"},
+            {"api_name": "Owner__c", "type": "Lookup", "reference_to": "Nowhere__c"},
+        ],
+    )
+    data = yaml.safe_load(src.read_text())
+    data["depends_on"] = ["platform-core", "gizmo-app", "no-such-pack"]
+    src.write_text(yaml.safe_dump(data))
+    for argv in (
+        ["packs", "import-sfdx", str(src)],
+        ["candidate", "write", "--app-pack", str(src)],
+    ):
+        result = invoke(argv, cli_env())
+        assert result.exit_code == 1, result.output
+        text = one_line(result.output)
+        assert "Traceback" not in result.output
+        assert "dependency cycle: gizmo-app -> gizmo-app" in text, result.output
+        assert "depends on no-such-pack, which is not among" in text, result.output
+        assert "Nowhere__c" in text, result.output
+        assert str(src) in result.output
+
+
 # ---------------------------------------------------------------------------
 # status
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nexuscrm.errors import ManifestError, PackError
+from nexuscrm.errors import ManifestError, PackError, PackProblems
 from nexuscrm.packs.builtin import PACKS_DIR_ENV, PLATFORM_PACKS_DIR, platform_packs
 from nexuscrm.packs.hashing import canonical_payload, payload_hash
 from nexuscrm.packs.loader import load_native, load_pack_source
@@ -25,7 +25,7 @@ from nexuscrm.packs.model import (
     ObjectSpec,
     PackManifest,
 )
-from nexuscrm.packs.ordering import order_packs
+from nexuscrm.packs.ordering import order_packs, plan_order
 from nexuscrm.packs.sfdx import load_sfdx, sanitize_pack_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -482,6 +482,30 @@ def test_sfdx_bad_project_file(tmp_path: Path) -> None:
     (root / "sfdx-project.json").write_text('{"name": "x",')
     with pytest.raises(ManifestError, match=r"(?s)sfdx-project\.json.*JSON syntax error at line 1"):
         load_sfdx(root)
+    (root / "sfdx-project.json").write_text('{"name": "x", "namespace": "a", "namespace": "b"}')
+    with pytest.raises(ManifestError, match=r"(?s)sfdx-project\.json.*'namespace' appears twice"):
+        load_sfdx(root)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "key"),
+    [
+        ("json", '{"a": 1, "b": {"c": 1, "c": 2}}', "'c'"),
+        ("yaml", "a: 1\nb:\n  c: 1\n  c: 2\n", "'c'"),
+    ],
+)
+def test_every_document_reader_refuses_a_key_named_twice(kind: str, text: str, key: str) -> None:
+    """JSON and YAML both keep the last of two equal keys silently; candidate
+    files, serving selections, data plans and sfdx-project.json refuse it."""
+    from nexuscrm.inputs import InputLimitError, parse_document
+
+    with pytest.raises(InputLimitError, match=rf"{key}"):
+        parse_document(text.encode(), kind)
+    # merge keys are not duplicates
+    assert parse_document(b"base: &b {x: 1}\nother: {<<: *b, y: 2}\n", "yaml") == {
+        "base": {"x": 1},
+        "other": {"x": 1, "y": 2},
+    }
 
 
 def test_sfdx_no_objects(tmp_path: Path) -> None:
@@ -715,7 +739,7 @@ def test_order_by_category_then_dependencies_then_name() -> None:
 
 
 def test_order_missing_dependency() -> None:
-    with pytest.raises(PackError, match=r"pack app: depends on nowhere, which is not among"):
+    with pytest.raises(PackProblems, match=r"pack app depends on nowhere, which is not among"):
         order_packs([_pack("app", deps=("nowhere",))])
 
 
@@ -736,7 +760,7 @@ def test_order_duplicate_names() -> None:
     one = _pack("dup").model_copy(update={"source": "/one/pack.yaml"})
     two = _pack("dup").model_copy(update={"source": "/two/pack.yaml"})
     with pytest.raises(
-        PackError, match=r"pack dup: declared twice.*/one/pack\.yaml.*/two/pack\.yaml"
+        PackError, match=r"pack dup declared twice.*/one/pack\.yaml.*/two/pack\.yaml"
     ):
         order_packs([one, two])
 
@@ -748,6 +772,35 @@ def test_order_dependency_on_later_category() -> None:
     ]
     with pytest.raises(PackError, match=r"pack core: category PlatformCore cannot depend on app"):
         order_packs(packs)
+
+
+def test_plan_order_reports_every_problem_and_still_orders_the_rest() -> None:
+    """Each problem is reported (two cycles, a missing pack, a later category, a
+    duplicate), and the order skips only the faulty edges."""
+    packs = [
+        _pack("core", Category.PlatformCore, ("app",)),
+        _pack("app", Category.AppPack, ("core", "ghost")),
+        _pack("a", deps=("b",)),
+        _pack("b", deps=("a",)),
+        _pack("solo", deps=("solo",)),
+        _pack("x", deps=("app",)),
+        _pack("x").model_copy(update={"source": "/two/x.yaml"}),
+    ]
+    ordered, problems = plan_order(packs)
+    text = [p.message for p in problems]
+    assert len(problems) == 5, text
+    assert any("declared twice" in m for m in text)
+    assert any("depends on ghost" in m for m in text)
+    assert any("cannot depend on app" in m for m in text)
+    assert any("a -> b -> a" in m for m in text)
+    assert any("solo -> solo" in m for m in text)
+    assert all(p.element in ("name", "depends_on") for p in problems)
+    names = [p.name for p in ordered]
+    assert sorted(names) == ["a", "app", "b", "core", "solo", "x"]
+    assert names.index("app") < names.index("x")
+    with pytest.raises(PackProblems) as info:
+        order_packs(packs)
+    assert len(info.value.problems) == 5
 
 
 # ---------------------------------------------------------------------------

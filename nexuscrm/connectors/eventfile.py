@@ -30,10 +30,12 @@ from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
 from nexuscrm.inputs import (
     MAX_JSON_DEPTH,
+    DuplicateKeyError,
     JsonNumberError,
     bounded_int,
     int_limit_message,
     nesting_problem,
+    unique_keys,
     unstorable_value,
 )
 
@@ -117,14 +119,15 @@ def parse_json(text: str) -> Any:
     where: Infinity and numbers out of range alike), ``invalid JSON: a number of
     more than 4,300 digits``, or that it nests too deep for the parser."""
     try:
-        value = json.loads(text, parse_int=bounded_int)
+        # NaN and Infinity parse here so unstorable_value names where they are.
+        value = json.loads(text, parse_int=bounded_int, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except JsonNumberError as exc:
+    except (JsonNumberError, DuplicateKeyError) as exc:
         raise ValueError(f"invalid JSON: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"invalid JSON: {int_limit_message(exc)}") from None

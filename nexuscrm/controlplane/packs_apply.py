@@ -62,7 +62,7 @@ from nexuscrm.packs.model import (
 )
 
 __all__ = ["TYPE_FAMILIES", "plan_problems", "validate_pack", "validate_plan"]
-from nexuscrm.packs.ordering import order_packs
+from nexuscrm.packs.ordering import plan_order
 
 # Packs an operator installs (as opposed to the platform packs shipped with the
 # product): they carry the installing -> active | failed lifecycle and are
@@ -122,10 +122,13 @@ def load_plan(
     pack sources + active app packs already installed (from their stored
     payload; an explicitly given source of the same name wins).
 
-    Raises ``PackProblems`` with every problem of every given source (each
-    naming the file and element: unknown field type, broken manifest ...),
-    or ``PackError`` for ordering (dependency cycle, missing dependency,
-    duplicate names).
+    Raises ``PackProblems`` with every problem at once, each naming the file
+    and element: of every given source (unknown field type, broken manifest
+    ...), of the order (every dependency cycle, missing dependency, duplicate
+    name) and, when there is any of those, of the plan checks run on the
+    best-effort order (a lookup to an unknown object ...), so a missing
+    dependency never hides the rest. ``PackError`` when a stored payload no
+    longer validates.
     """
     packs = list(platform_packs(include_dev_sample))
     explicit: list[PackManifest] = []
@@ -141,14 +144,13 @@ def load_plan(
             problems.append(problem_from(exc))
     names = {p.name for p in explicit}
     stored = [p for p in stored_app_packs(engine) if p.name not in names] if engine else []
-    if not problems:
-        return order_packs(packs + explicit + stored)
-    # Report the plan's problems of what did load too: every problem at once.
-    try:
-        plan = order_packs(packs + explicit + stored)
-        problems.extend(plan_problems(catalog_of(engine), plan))
-    except PackError as exc:
-        problems.append(problem_from(exc))
+    plan, order_problems = plan_order(packs + explicit + stored)
+    if not problems and not order_problems:
+        return plan
+    # Report the plan's problems of what did load too, in the best-effort
+    # order that skips the faulty dependencies: every problem at once.
+    problems.extend(order_problems)
+    problems.extend(plan_problems(catalog_of(engine), plan))
     raise PackProblems(", ".join(app_sources), problems)
 
 

@@ -15,7 +15,6 @@ they do in Salesforce, with no quoting. Duplicate mapping keys are an error
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,9 @@ from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError
 from nexuscrm.inputs import (
+    DuplicateKeyError,
     JsonNumberError,
+    UniqueKeyYamlLoader,
     int_limit_message,
     strict_json_loads,
     unstorable_value,
@@ -38,25 +39,8 @@ NATIVE_MANIFEST_NAMES = ("pack.yaml", "pack.yml", "pack.json")
 _YAML_KEPT_TAGS = frozenset({"tag:yaml.org,2002:null", "tag:yaml.org,2002:merge"})
 
 
-class _ManifestYamlLoader(yaml.SafeLoader):
+class _ManifestYamlLoader(UniqueKeyYamlLoader):
     """SafeLoader that keeps scalars as strings and refuses duplicate keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[Any] = set()
-        for key_node, _value in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, Hashable):
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping",
-                        node.start_mark,
-                        f"found duplicate key {key!r}",
-                        key_node.start_mark,
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
 
 # Only null and merge keys are resolved implicitly; everything else stays a string.
@@ -128,21 +112,6 @@ def _render_loc(loc: tuple[int | str, ...], data: Any) -> str:
             out += f".{part}" if out else str(part)
             node = node.get(part) if isinstance(node, dict) else None
     return out or "(manifest)"
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKeyError(key)
-        out[key] = value
-    return out
 
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
@@ -242,14 +211,14 @@ def _parse_raw(path: Path) -> Any:
     text = _read_text(path)
     if path.suffix.lower() == ".json":
         try:
-            return strict_json_loads(text, object_pairs_hook=_json_object)
+            return strict_json_loads(text)
         except RecursionError:
             raise ManifestError(str(path), "JSON nested too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise ManifestError(
                 str(path), f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             ) from exc
-        except _DuplicateKeyError as exc:
+        except DuplicateKeyError as exc:
             raise ManifestError(str(path), f"JSON error: found duplicate key {exc.key!r}") from exc
         except JsonNumberError as exc:
             raise ManifestError(str(path), f"JSON error: {exc}") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from nexuscrm.errors import PackError
+from nexuscrm.errors import PackProblems, Problem
 from nexuscrm.packs.model import PackManifest
 
 
@@ -19,19 +19,26 @@ def _where(pack: PackManifest) -> str:
     return pack.source or "(no source)"
 
 
-def _find_cycle(by_name: dict[str, PackManifest]) -> list[str] | None:
+def _file(pack: PackManifest) -> str:
+    """The file a problem of ``pack`` names: its source path, else ``pack <name>``."""
+    src = pack.source
+    return src if src and not src.startswith("stored:") else f"pack {pack.name}"
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """Return one dependency cycle as a path ``[a, b, ..., a]``, or None.
 
+    ``edges`` maps each pack to the packs it depends on (all present).
     Deterministic: nodes and their dependencies are visited in name order.
     """
     white, grey, black = 0, 1, 2
-    colour = dict.fromkeys(by_name, white)
+    colour = dict.fromkeys(edges, white)
     stack: list[str] = []
 
     def visit(name: str) -> list[str] | None:
         colour[name] = grey
         stack.append(name)
-        for dep in sorted(set(by_name[name].depends_on)):
+        for dep in sorted(edges[name]):
             if colour[dep] == grey:
                 return [*stack[stack.index(dep) :], dep]
             if colour[dep] == white:
@@ -42,7 +49,7 @@ def _find_cycle(by_name: dict[str, PackManifest]) -> list[str] | None:
         colour[name] = black
         return None
 
-    for name in sorted(by_name):
+    for name in sorted(edges):
         if colour[name] == white:
             found = visit(name)
             if found:
@@ -50,54 +57,78 @@ def _find_cycle(by_name: dict[str, PackManifest]) -> list[str] | None:
     return None
 
 
-def order_packs(packs: Sequence[PackManifest]) -> list[PackManifest]:
-    """Return ``packs`` in apply order (a new list; the input is not changed).
+def plan_order(packs: Sequence[PackManifest]) -> tuple[list[PackManifest], list[Problem]]:
+    """Apply order of ``packs`` and every ordering problem, found all at once.
 
-    Order: :attr:`Category.rank` first; within a category, every pack after
-    the packs it depends on; among packs that are free to go, by name.
-
-    Raises:
-        PackError: two packs share a name (both sources named); a pack depends
-            on a pack that is not in ``packs``; a pack depends on a pack of a
-            later category; or the dependencies form a cycle (message gives the
-            path, e.g. ``a -> b -> a``).
+    Returns ``(ordered, problems)``. ``problems`` lists, each naming the pack's
+    file (or ``pack <name>``) and the element ``depends_on``: a name declared
+    twice (both sources; the first is kept), a dependency that is not among
+    ``packs``, a dependency on a pack of a later category, and each dependency
+    cycle (its path, e.g. ``a -> b -> a``). ``ordered`` is a best-effort order
+    that ignores the faulty edges, so the plan's other checks can still run
+    and report their problems beside these; apply it only when ``problems``
+    is empty.
     """
     by_name: dict[str, PackManifest] = {}
+    problems: list[Problem] = []
     for pack in packs:
         prior = by_name.get(pack.name)
         if prior is not None:
-            raise PackError(
-                pack.name,
-                f"declared twice (sources: {_where(prior)} and {_where(pack)})",
+            problems.append(
+                Problem(
+                    _file(pack),
+                    "name",
+                    f"pack {pack.name} declared twice (sources: {_where(prior)} and "
+                    f"{_where(pack)})",
+                )
             )
+            continue
         by_name[pack.name] = pack
 
+    edges: dict[str, set[str]] = {}
     for pack in sorted(by_name.values(), key=lambda p: p.name):
+        edges[pack.name] = set()
         for dep in sorted(set(pack.depends_on)):
             target = by_name.get(dep)
             if target is None:
                 available = ", ".join(sorted(by_name)) or "none"
-                raise PackError(
-                    pack.name,
-                    f"depends on {dep}, which is not among the packs being ordered "
-                    f"(available: {available})",
+                problems.append(
+                    Problem(
+                        _file(pack),
+                        "depends_on",
+                        f"pack {pack.name} depends on {dep}, which is not among the packs "
+                        f"being ordered (available: {available})",
+                    )
                 )
-            if target.category.rank > pack.category.rank:
-                raise PackError(
-                    pack.name,
-                    f"category {pack.category} cannot depend on {dep} (category "
-                    f"{target.category}): a pack may depend only on packs of its own "
-                    "or an earlier category",
+            elif target.category.rank > pack.category.rank:
+                problems.append(
+                    Problem(
+                        _file(pack),
+                        "depends_on",
+                        f"pack {pack.name}: category {pack.category} cannot depend on {dep} "
+                        f"(category {target.category}): a pack may depend only on packs of "
+                        "its own or an earlier category",
+                    )
                 )
+            else:
+                edges[pack.name].add(dep)
 
-    cycle = _find_cycle(by_name)
-    if cycle is not None:
-        raise PackError(cycle[0], f"dependency cycle: {' -> '.join(cycle)}")
+    # Every cycle is reported; each is broken at its closing edge so the rest
+    # of the graph still orders.
+    while (cycle := _find_cycle(edges)) is not None:
+        problems.append(
+            Problem(
+                _file(by_name[cycle[0]]),
+                "depends_on",
+                f"pack {cycle[0]}: dependency cycle: {' -> '.join(cycle)}",
+            )
+        )
+        edges[cycle[-2]].discard(cycle[-1])
 
-    # Kahn's algorithm keyed by (category rank, name). Dependencies never point
+    # Kahn's algorithm keyed by (category rank, name). Kept edges never point
     # to a later category, so this yields whole categories in rank order.
-    waiting = {name: set(p.depends_on) for name, p in by_name.items()}
-    dependents: dict[str, list[str]] = {name: [] for name in by_name}
+    waiting = {name: set(deps) for name, deps in edges.items()}
+    dependents: dict[str, list[str]] = {name: [] for name in edges}
     for name, deps in waiting.items():
         for dep in deps:
             dependents[dep].append(name)
@@ -111,7 +142,23 @@ def order_packs(packs: Sequence[PackManifest]) -> list[PackManifest]:
             waiting[child].discard(name)
             if not waiting[child]:
                 heapq.heappush(ready, (by_name[child].category.rank, child))
-    if len(ordered) != len(by_name):  # pragma: no cover - excluded by the cycle check
-        stuck = sorted(set(by_name) - {p.name for p in ordered})
-        raise PackError(stuck[0], f"unresolvable dependencies among {', '.join(stuck)}")
+    return ordered, problems
+
+
+def order_packs(packs: Sequence[PackManifest]) -> list[PackManifest]:
+    """Return ``packs`` in apply order (a new list; the input is not changed).
+
+    Order: :attr:`Category.rank` first; within a category, every pack after
+    the packs it depends on; among packs that are free to go, by name.
+
+    Raises:
+        PackProblems: every problem :func:`plan_order` finds at once (a name
+            declared twice, a missing dependency, a dependency on a later
+            category, each dependency cycle with its path ``a -> b -> a``).
+    """
+    ordered, problems = plan_order(packs)
+    if problems:
+        files = {p.file for p in problems}
+        names = ", ".join(dict.fromkeys(p.name for p in packs if _file(p) in files))
+        raise PackProblems(names or "plan", problems)
     return ordered

@@ -39,8 +39,8 @@ app.add_typer(formulas.formulas_app, name="formulas")
 def main() -> None:
     """Console-script entry point (``nexusctl = "nexusctl.cli:main"``).
 
-    Runs the app in typer's standalone mode: usage errors print typer's
-    message and exit 2, Ctrl-C exits 130, an expected failure prints
+    Runs the app in typer's standalone mode: a command-line mistake prints
+    one ``error:`` line and exits 2, Ctrl-C exits 130, an expected failure prints
     ``error: <one line>`` on stderr and exits 1 (see :class:`NexusGroup`),
     and an unexpected exception is a bug and keeps its traceback.
 

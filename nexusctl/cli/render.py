@@ -136,6 +136,35 @@ def expected_failure(exc: BaseException) -> str | None:
     return None
 
 
+def _given_value(exc: Exception, args: Sequence[str]) -> str | None:
+    """The text given on the command line for the option a ``BadParameter``
+    names (``--x v`` or ``--x=v``; the last one wins, as the parser reads it)."""
+    param = getattr(exc, "param", None)
+    if getattr(param, "param_type_name", None) != "option":
+        return None
+    found = None
+    for i, arg in enumerate(args):
+        for opt in getattr(param, "opts", ()):
+            if arg == opt and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(opt + "="):
+                found = arg[len(opt) + 1 :]
+    return found
+
+
+def usage_message(exc: typer.TyperException, args: Sequence[str]) -> str:
+    """One line for a command-line mistake: the parser's message, the value
+    given when the message leaves it out (``Input should be a valid integer
+    (got '-1e999')``), and where help is (``see 'nexusctl events --help'``)."""
+    message = exc.format_message()
+    given = _given_value(exc, args)
+    if given is not None and given not in message:
+        message = f"{message} (got {given!r})"
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "nexusctl"
+    return f"{message} (see '{path} --help')"
+
+
 class NexusGroup(TyperGroup):
     """The ``nexusctl`` command group: expected failures become one ``error:`` line.
 
@@ -155,20 +184,38 @@ class NexusGroup(TyperGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
-        """Run the command; an expected failure prints one ``error:`` line and exits 1."""
+        """Run the command; an expected failure prints one ``error:`` line and exits 1;
+        a command-line mistake (unknown option, a value of the wrong type or out
+        of range) prints one ``error:`` line and exits 2, Click's usage code."""
         RUN.reset()
+        argv = list(sys.argv[1:] if args is None else args)
         try:
-            return super().main(
-                args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
-            )
+            rv = super().main(argv, prog_name, complete_var, False, windows_expand_args, **extra)
+        except typer.Exit as exc:
+            code = exc.exit_code
+        except typer.Abort:
+            error_line("aborted")
+            code = 1
+        except typer.TyperException as exc:  # the parser's errors (Typer vendors Click)
+            code = int(getattr(exc, "exit_code", 2))
+            # NoArgsIsHelpError: the group's help is already printed.
+            if type(exc).__name__ != "NoArgsIsHelpError":
+                error_line(usage_message(exc, argv) if code == 2 else exc.format_message())
         except Exception as exc:
             message = expected_failure(exc)
             if message is None:
                 raise
             error_line(message)
-            if standalone_mode:
-                sys.exit(1)
-            return 1
+            code = 1
+        else:
+            # Not standalone, Click returns a command's exit code (typer.Exit,
+            # --help) or its return value (None when it ran to its end).
+            if not standalone_mode:
+                return rv
+            code = rv if isinstance(rv, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
 
 def require_engine(settings: Settings) -> Engine:

@@ -32,6 +32,10 @@ async def test_cli_refuses_unusable_heartbeat_timeouts_before_starting(
         assert res.exit_code == 2, (value, res.output)
         assert "heartbeat timeout must be 1 to 3600 seconds" in res.output, res.output
         assert "Traceback" not in res.output
+        # one line, Click's usage exit code 2, naming the option, the value and help
+        assert res.output.count("\n") == 1 and res.output.startswith("error: "), res.output
+        assert "'--heartbeat-timeout'" in res.output and value in res.output
+        assert "apply-all --help')" in res.output
     started = await executions(
         temporal_env.client, f"WorkflowId = '{settings.controlplane_workflow_id}'"
     )
@@ -80,3 +84,30 @@ async def test_unusable_temporal_address_and_out_path_are_one_line_errors(
 
 def _crashed(res: Any) -> bool:
     return res.exception is not None and not isinstance(res.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["events", "import-sfdx-data", "plan.json", "--seed", "-1e999"], "'-1e999'"),
+        (["events", "import-sfdx-data", "plan.json", "--seed=nan"], "'nan'"),
+        (["demo-sync", "p", "--seed", "1.5"], "'1.5'"),
+        (["apply-all", "--heartbeat-timeout"], "requires an argument"),
+        (["status", "--no-such-flag"], "No such option: --no-such-flag"),
+        (["no-such-command"], "No such command 'no-such-command'"),
+        (["events", "enqueue"], "Missing argument"),
+    ],
+)
+async def test_command_line_mistakes_are_one_error_line_with_exit_2(
+    settings: Any, argv: list[str], expected: str
+) -> None:
+    """A wrong option value, an unknown option or command, a missing argument:
+    one ``error:`` line naming it (with the value typed, where the parser's
+    message leaves it out) and where help is; exit 2 (a usage error, as Click
+    and POSIX tools), before anything is read or started."""
+    res = await invoke_async(argv, cli_env(settings))
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+    assert expected in res.output, res.output
+    assert "--help')" in res.output
+    assert not _crashed(res)

@@ -50,6 +50,15 @@ def counts(engine: Engine) -> tuple[int, int]:
     return int(events), int(items)
 
 
+TWICE_SOURCE_ID = (
+    b'{"event_kind": "salesforce.record.upsert", "idempotency_key": "k", '
+    b'"source_object": "Account", "source_id": "a", "source_id": "b", "payload": {}}'
+)
+TWICE_IN_PAYLOAD = (
+    b'{"event_kind": "salesforce.record.upsert", "idempotency_key": "k", '
+    b'"source_object": "Account", "source_id": "a", '
+    b'"payload": {"fields": {"Name": "A", "Name": "B"}}}'
+)
 DEEP = b"[" * 50_000 + b"]" * 50_000
 
 # name -> (file bytes, substrings the one error must contain)
@@ -105,6 +114,11 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
             "3 problem(s)",
         ],
     ),
+    "duplicate key": (
+        lines(good(1), TWICE_SOURCE_ID),
+        [":2:", "'source_id' appears twice"],
+    ),
+    "duplicate key in the payload": (lines(TWICE_IN_PAYLOAD), [":1:", "'Name' appears twice"]),
     "several problems at once": (
         lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),
         [":1:", ":3:", ":4:", "3 problem(s)"],
@@ -182,6 +196,10 @@ PLAN_CASES: dict[str, tuple[bytes, list[str]]] = {
     "nested 50,000 deep": (DEEP, ["nested deeper than 64"]),
     "not a list": (b'{"sobject": "Account"}', ["JSON array"]),
     "integer sobject": (b'[{"sobject": 5, "files": ["a.json"]}]', ["'sobject' must be a string"]),
+    "duplicate key": (
+        b'[{"sobject": "Account", "sobject": "Contact", "files": ["a.json"]}]',
+        ["'sobject' appears twice"],
+    ),
 }
 
 
@@ -202,6 +220,12 @@ async def test_import_sfdx_data_refuses_hostile_plans_with_one_clear_error(
     cases["integer referenceId"] = (
         json.dumps([{"sobject": "Account", "files": ["records.json"]}]).encode(),
         ["records.json", "referenceId"],
+    )
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"records": [{"attributes": {"type": "Account"}, "Name": "A", "Name": "B"}]}')
+    cases["duplicate key in a records file"] = (
+        json.dumps([{"sobject": "Account", "files": ["twice.json"]}]).encode(),
+        ["twice.json", "'Name' appears twice"],
     )
     for name, (data, expected) in cases.items():
         plan = tmp_path / f"{name.replace(' ', '_')}.json"
