@@ -77,6 +77,25 @@ class UniqueKeyYamlLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def kind_of(value: Any) -> str:
+    """What a parsed JSON/YAML value is, in the file's terms, for messages:
+    ``null``, ``a boolean``, ``a number``, ``a string``, ``a list``, ``an
+    object`` (``a <Python type>`` for anything else, such as a YAML date)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
 def _no_constant(name: str) -> Any:
     raise JsonNumberError(f"{name} is not a JSON number")
 

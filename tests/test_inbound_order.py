@@ -277,7 +277,7 @@ async def test_a_poison_item_fails_alone_and_its_batch_mates_run(synced) -> None
     assert outcome.succeeded == 5
     bad = row(engine, poison_id)
     assert (bad["State"], bad["FailureClass"], bad["Attempt"]) == ("failed", "payload-invalid", 1)
-    assert "JSON str" in bad["FailureSummary"]
+    assert "payload is a string, not an object" in bad["FailureSummary"]
     (later,) = claim(engine, pack)
     assert proc.process([later]).succeeded == 1
     assert phone(engine, "Account p1") == "v1"

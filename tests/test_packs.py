@@ -508,6 +508,54 @@ def test_every_document_reader_refuses_a_key_named_twice(kind: str, text: str, k
     }
 
 
+def test_sfdx_metadata_names_that_are_not_files_are_refused_not_skipped(tmp_path: Path) -> None:
+    """A directory named like a field file, a broken symlink in its place, a
+    directory named like an object, a record or a labels file: each would
+    drop an object or field without a word; each is listed, all at once."""
+    number = "<type>Number</type><precision>5</precision><scale>0</scale>"
+    root = _sfdx_project(
+        tmp_path / "app", {"Widget__c": {"Size__c": _field_xml("Size__c", number)}}
+    )
+    default = root / "force-app" / "main" / "default"
+    fields = default / "objects" / "Widget__c" / "fields"
+    (fields / "Folder__c.field-meta.xml").mkdir()
+    (fields / "Gone__c.field-meta.xml").symlink_to(tmp_path / "nowhere.xml")
+    gadget = default / "objects" / "Gadget__c"
+    (gadget / "Gadget__c.object-meta.xml").mkdir(parents=True)
+    (default / "customMetadata" / "Cfg.One.md-meta.xml").mkdir(parents=True)
+    (default / "labels" / "CustomLabels.labels-meta.xml").mkdir(parents=True)
+    with pytest.raises(PackProblems) as info:
+        load_sfdx(root)
+    found = {(Path(p.file).name, p.message) for p in info.value.problems}
+    assert (
+        "Folder__c.field-meta.xml",
+        "a metadata file is expected here, found a directory",
+    ) in found
+    assert any(n == "Gone__c.field-meta.xml" and "broken symlink" in m for n, m in found)
+    assert (
+        "Gadget__c.object-meta.xml",
+        "a metadata file is expected here, found a directory",
+    ) in found
+    assert any(n == "Cfg.One.md-meta.xml" and "directory" in m for n, m in found)
+    assert any(n == "CustomLabels.labels-meta.xml" and "directory" in m for n, m in found)
+    assert len(info.value.problems) == 5, info.value.problems
+
+
+def test_a_relative_source_names_every_file_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loader problems and the plan's problems used to name files relative and
+    absolute in one report; every file is now named by its resolved path."""
+    root = _sfdx_project(tmp_path / "app", {"Widget__c": {"Bad__c": _field_xml("Bad__c", "")}})
+    fields = root / "force-app" / "main" / "default" / "objects" / "Widget__c" / "fields"
+    (fields / "D__c.field-meta.xml").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PackProblems) as info:
+        load_pack_source("app")
+    files = {p.file for p in info.value.problems}
+    assert len(files) == 2 and all(f.startswith(str(tmp_path.resolve())) for f in files), files
+
+
 def test_sfdx_no_objects(tmp_path: Path) -> None:
     (tmp_path / "sfdx-project.json").write_text("{}")
     with pytest.raises(ManifestError, match="no objects"):
@@ -942,7 +990,23 @@ def test_platform_packs_dir_override(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     (tmp_path / "misnamed").mkdir()
     (tmp_path / "misnamed" / "pack.yaml").write_text("name: other\ncategory: AppPack\n")
-    with pytest.raises(PackError, match="differs from its folder name"):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "pack.yaml").write_text("name: broken\ncategory: Nope\n")
+    with pytest.raises(PackProblems) as info:
+        platform_packs(include_dev_sample=True)
+    # every folder's problem at once
+    text = str(info.value)
+    assert "differs from its folder name" in text
+    assert f"{tmp_path / 'empty'}" in text and "has no pack.yaml" in text
+    assert "broken" in text and "category" in text
+    assert len(info.value.problems) == 3, text
+
+    monkeypatch.setenv(PACKS_DIR_ENV, str(tmp_path / "core" / "pack.yaml"))
+    with pytest.raises(PackError, match=r"NEXUS_PACKS_DIR: platform packs folder is a file, not"):
+        platform_packs(include_dev_sample=True)
+    monkeypatch.setenv(PACKS_DIR_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(PackError, match=r"nowhere: NEXUS_PACKS_DIR: platform packs folder does"):
         platform_packs(include_dev_sample=True)
 
 

@@ -407,7 +407,7 @@ def test_load_bad_yaml(tmp_path: Path) -> None:
 def test_load_not_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "selection.yaml"
     path.write_text("- just\n- a list\n")
-    assert "expected a mapping with a 'packs' list, got list" in str(load_error(path))
+    assert "expected a mapping with a 'packs' list, got a list" in str(load_error(path))
 
 
 def test_load_shape_error_lists_field(tmp_path: Path) -> None:

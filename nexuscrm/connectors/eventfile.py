@@ -34,6 +34,7 @@ from nexuscrm.inputs import (
     JsonNumberError,
     bounded_int,
     int_limit_message,
+    kind_of,
     nesting_problem,
     unique_keys,
     unstorable_value,
@@ -216,7 +217,7 @@ def read_event_file(
             problems.append(f"{where}: {depth}")
             continue
         if not isinstance(value, dict):
-            problems.append(f"{where}: an event must be a JSON object, got {type(value).__name__}")
+            problems.append(f"{where}: an event must be a JSON object, got {kind_of(value)}")
             continue
         try:
             line = EventLine.model_validate(value)

@@ -23,6 +23,7 @@ from nexuscrm.connectors.identity import Dependency, to_spec
 from nexuscrm.connectors.routes import RouteNotFoundError
 from nexuscrm.contracts import BatchResult, BlockedWait
 from nexuscrm.db.dialect import describe_error, is_transient
+from nexuscrm.inputs import kind_of
 from nexuscrm.log import log
 
 # A blocked item whose identity wait has not marked it within this grace is
@@ -128,11 +129,11 @@ class Finisher:
                         superseded[item.work_id] = later
         for item in items:
             if not isinstance(item.payload, dict):
-                kind = type(item.payload).__name__
                 self.failed(
                     item,
                     "payload-invalid",
-                    f"event {item.event_id} ({item.event_kind}): payload is a JSON {kind}, "
+                    f"event {item.event_id} ({item.event_kind}): payload is "
+                    f"{kind_of(item.payload)}, "
                     "not an object; no flow can run it",
                     outcome,
                 )

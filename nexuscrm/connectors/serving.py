@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nexuscrm.connectors.knobs import go_trim_space, worker_key
 from nexuscrm.connectors.routes import ConnectorPackRow
 from nexuscrm.errors import FatalError
-from nexuscrm.inputs import InputLimitError, load_document
+from nexuscrm.inputs import InputLimitError, kind_of, load_document
 from nexuscrm.packs.model import CalloutProfile
 
 _PREFIX = "connector inbound supervisor: "
@@ -449,7 +449,7 @@ def load(path: str | Path) -> RuntimeServingSelection:
         raise ServingSelectionError(f"{where}{exc}", file) from None
     if not isinstance(document, dict):
         raise ServingSelectionError(
-            f"{where}expected a mapping with a 'packs' list, got {type(document).__name__}",
+            f"{where}expected a mapping with a 'packs' list, got {kind_of(document)}",
             file,
         )
     try:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from nexuscrm.errors import PackError
+from nexuscrm.errors import PackError, PackProblems, Problem, problem_from
 from nexuscrm.packs.loader import find_native_manifest, load_native
 from nexuscrm.packs.model import Category, PackManifest
 from nexuscrm.packs.ordering import order_packs
@@ -43,30 +43,49 @@ def platform_packs(include_dev_sample: bool) -> list[PackManifest]:
     Returns the packs ordered by :func:`order_packs`.
 
     Raises:
-        PackError: the folder is missing; a sub-folder has no manifest or its
-            name differs from the pack name; or ordering fails (missing
-            dependency, cycle, duplicate name).
-        ManifestError: a manifest does not load (see :func:`load_native`).
+        PackError: the folder is missing or is a file (naming
+            ``NEXUS_PACKS_DIR`` when it came from there).
+        PackProblems: every problem at once: a sub-folder without a manifest,
+            a manifest that does not load (see :func:`load_native`) or whose
+            name differs from its folder, or ordering (:func:`order_packs`).
     """
     root = platform_packs_dir()
-    if not root.is_dir():
-        raise PackError(str(root), "platform packs folder does not exist")
     shipped = root == PLATFORM_PACKS_DIR
+    if not root.is_dir():
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        where = "" if shipped else f"{PACKS_DIR_ENV}: "
+        raise PackError(str(root), f"{where}platform packs folder {what}")
     packs: list[PackManifest] = []
+    problems: list[Problem] = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         if folder.name.startswith((".", "_")):
             continue
         manifest_path = find_native_manifest(folder)
         if manifest_path is None:
-            raise PackError(str(folder), "pack folder has no pack.yaml")
-        pack = load_native(manifest_path)
+            problems.append(Problem(str(folder), "", "pack folder has no pack.yaml"))
+            continue
+        try:
+            pack = load_native(manifest_path)
+        except PackProblems as exc:
+            problems.extend(exc.problems)
+            continue
+        except PackError as exc:
+            problems.append(problem_from(exc))
+            continue
         if pack.name != folder.name:
-            raise PackError(
-                str(manifest_path), f"pack name {pack.name!r} differs from its folder name"
+            problems.append(
+                Problem(
+                    str(manifest_path),
+                    "name",
+                    f"pack name {pack.name!r} differs from its folder name",
+                )
             )
+            continue
         if pack.category == Category.DevSample and not include_dev_sample:
             continue
         if shipped:
             pack = pack.model_copy(update={"source": f"builtin:{pack.name}"})
         packs.append(pack)
+    if problems:
+        raise PackProblems(str(root), problems)
     return order_packs(packs)

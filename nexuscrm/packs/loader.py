@@ -27,6 +27,7 @@ from nexuscrm.inputs import (
     JsonNumberError,
     UniqueKeyYamlLoader,
     int_limit_message,
+    kind_of,
     strict_json_loads,
     unstorable_value,
 )
@@ -278,7 +279,7 @@ def load_native(path: Path) -> PackManifest:
         raise ManifestError(str(path), "manifest is empty")
     if not isinstance(data, dict):
         raise ManifestError(
-            str(path), f"manifest must be a mapping of pack fields, not a {type(data).__name__}"
+            str(path), f"manifest must be a mapping of pack fields, not {kind_of(data)}"
         )
     if "source" in data:
         raise ManifestError(str(path), "source: is set by the loader and may not be declared")
@@ -317,7 +318,8 @@ def load_pack_source(source: str | Path) -> PackManifest:
       :func:`load_native` on that file;
     - a file: :func:`load_native`.
 
-    ``source`` on the result is the resolved path string.
+    ``source`` on the result, and every file a problem names, is the
+    resolved path (absolute, symlinks followed), whatever the form given.
 
     Raises:
         ManifestError: the path does not exist, is a directory with neither
@@ -325,7 +327,9 @@ def load_pack_source(source: str | Path) -> PackManifest:
     """
     from nexuscrm.packs.sfdx import is_sfdx_source, load_sfdx
 
-    path = Path(source).expanduser()
+    # Resolved once here, so every problem of the source names its files the
+    # same way (the plan's checks name them from the resolved ``source``).
+    path = Path(source).expanduser().resolve()
     if path.is_dir():
         if is_sfdx_source(path):
             return load_sfdx(path)

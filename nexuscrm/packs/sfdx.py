@@ -46,7 +46,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
-from nexuscrm.inputs import InputLimitError, parse_document, read_capped
+from nexuscrm.inputs import InputLimitError, kind_of, parse_document, read_capped
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
     Category,
@@ -103,13 +103,27 @@ def walk_object_folders(base: Path) -> Iterator[Path]:
             dirnames[:] = []
 
 
+def not_a_file(path: Path) -> str:
+    """Why a metadata name (``X.field-meta.xml``) that is not a regular file is
+    refused: a directory, a symlink to nothing, or another kind of file. Never
+    skipped silently: its object or field would be missing from the pack."""
+    if path.is_symlink() and not path.exists():
+        what = f"a broken symlink (to {os.readlink(path)})"
+    elif path.is_dir():
+        what = "a directory"
+    else:
+        what = "not a regular file (a device, socket or pipe)"
+    return f"a metadata file is expected here, found {what}"
+
+
 def _has_metadata(folder: Path) -> bool:
-    if (folder / f"{folder.name}{OBJECT_SUFFIX}").is_file():
+    """An object folder with an object or field metadata name in it (a file, or
+    something else by that name, which :func:`_collect_folder` then refuses)."""
+    meta = folder / f"{folder.name}{OBJECT_SUFFIX}"
+    if meta.exists() or meta.is_symlink():
         return True
     fields_dir = folder / "fields"
-    return fields_dir.is_dir() and any(
-        p.name.endswith(FIELD_SUFFIX) for p in fields_dir.iterdir() if p.is_file()
-    )
+    return fields_dir.is_dir() and any(p.name.endswith(FIELD_SUFFIX) for p in fields_dir.iterdir())
 
 
 def is_sfdx_source(root: Path) -> bool:
@@ -315,12 +329,17 @@ def _collect_folder(folder: Path, out: _Collected) -> None:
                 parts.meta = _object_meta(meta_file, api_name)
             except ManifestError as exc:
                 out.fail(exc)
+    elif meta_file.exists() or meta_file.is_symlink():
+        out.problems.append(Problem(str(meta_file), "", not_a_file(meta_file)))
     fields_dir = folder / "fields"
     if not fields_dir.is_dir():
         return
     custom = out.customizations.setdefault(api_name, {})
     for field_file in sorted(fields_dir.iterdir()):
-        if not field_file.name.endswith(FIELD_SUFFIX) or not field_file.is_file():
+        if not field_file.name.endswith(FIELD_SUFFIX):
+            continue
+        if not field_file.is_file():
+            out.problems.append(Problem(str(field_file), "", not_a_file(field_file)))
             continue
         try:
             item = _field_spec(field_file, standard_object=not is_custom)
@@ -349,12 +368,18 @@ def _collect(package_dirs: list[Path]) -> _Collected:
             if _has_metadata(folder):
                 _collect_folder(folder, out)
         for record_file in record_files(base):
+            if not record_file.is_file():
+                out.problems.append(Problem(str(record_file), "", not_a_file(record_file)))
+                continue
             parsed = parse_record(record_file)
             if isinstance(parsed, Problem):
                 out.problems.append(parsed)
             else:
                 out.records.setdefault(parsed[0], []).append((record_file, parsed[1]))
         for labels_file in label_files(base):
+            if not labels_file.is_file():
+                out.problems.append(Problem(str(labels_file), "", not_a_file(labels_file)))
+                continue
             labels = parse_labels(labels_file)
             if isinstance(labels, Problem):
                 out.problems.append(labels)
@@ -472,7 +497,7 @@ def _read_plugin(root: Path) -> tuple[str | None, tuple[str, ...]]:
     plugins = data.get("plugins") or {}
     if not isinstance(plugins, dict):
         raise ManifestError(
-            str(project_file), f"plugins: must be an object, not {type(plugins).__name__}"
+            str(project_file), f"plugins: must be an object, not {kind_of(plugins)}"
         )
     plugin = plugins.get("nexusctl") or {}
     deps = plugin.get("dependsOn") if isinstance(plugin, dict) else None
@@ -541,7 +566,12 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
         name = sanitize_pack_name(raw)
         if not name:
             found.problems.append(
-                Problem(where, "", f"cannot derive a pack name from {raw!r}; pass name=")
+                Problem(
+                    where,
+                    "",
+                    f'cannot derive a pack name from {raw!r}: set "name" in '
+                    f"{SFDX_PROJECT_FILE} (letters, digits, '-'), or rename the folder",
+                )
             )
     try:
         pack = PackManifest(

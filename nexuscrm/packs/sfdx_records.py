@@ -51,11 +51,14 @@ def _read_root(path: Path, tag: str) -> Element | Problem:
 
 def _files_in(base: Path, folder: str, suffix: str) -> Iterator[Path]:
     """Every ``<folder>/*<suffix>`` under ``base``, sorted; hidden and
-    ``node_modules`` folders are not searched."""
+    ``node_modules`` folders are not searched. A directory by such a name is
+    yielded too (not searched), for the caller to refuse, not skip."""
     for dirpath, dirnames, files in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
         if Path(dirpath).name == folder:
-            for name in sorted(files):
+            named = [d for d in dirnames if d.endswith(suffix)]
+            dirnames[:] = [d for d in dirnames if not d.endswith(suffix)]
+            for name in sorted([*files, *named]):
                 if name.endswith(suffix):
                     yield Path(dirpath) / name
 

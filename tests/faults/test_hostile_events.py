@@ -74,6 +74,7 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
     "payload a string": (lines(good(1, payload="just text")), ["payload", "dictionary"]),
     "payload a list": (lines(good(1, payload=[1, 2])), ["payload"]),
     "not an object": (lines([1, 2, 3]), [":1:", "must be a JSON object"]),
+    "null": (lines(good(1), None), [":2:", "must be a JSON object, got null"]),
     "invalid UTF-8": (lines(good(1), b'{"event_kind": "\xff\xfe"}'), [":2:", "not UTF-8"]),
     "malformed JSON": (
         lines(good(1), b'{"event_kind": '),

@@ -37,6 +37,7 @@ from nexuscrm.connectors.queue.vocabulary import (
 from nexuscrm.cutover import EXECUTION_OWNER_WORK_ITEM
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
+from nexuscrm.inputs import kind_of
 
 
 def _max_in_prefix(conn: Connection, column: Any, prefix: str) -> int:
@@ -76,7 +77,7 @@ def _problems(req: EnqueueRequest) -> list[str]:
     for name, limit in _TEXT_LIMITS:
         value = getattr(req, name)
         if not isinstance(value, str):
-            out.append(f"{name} must be a string, got {type(value).__name__} {value!r:.40}")
+            out.append(f"{name} must be a string, got {kind_of(value)} {value!r:.40}")
         elif len(value) > limit:
             out.append(f"{name} longer than {limit} characters: {value[:40]!r}...")
     for name in ("installed_pack_id", "event_kind", "idempotency_key"):
@@ -99,9 +100,7 @@ def _problems(req: EnqueueRequest) -> list[str]:
                 f"(one of {', '.join(QUEUE_CLASSES)}): it would stay pending forever"
             )
     if not isinstance(req.payload, dict):
-        out.append(
-            f"payload must be a JSON object, got {type(req.payload).__name__}: no flow can run it"
-        )
+        out.append(f"payload must be a JSON object, got {kind_of(req.payload)}: no flow can run it")
     return out
 
 
