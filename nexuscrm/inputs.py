@@ -241,7 +241,7 @@ def parse_document(data: bytes, kind: str, max_depth: int = MAX_JSON_DEPTH) -> A
     than ``max_depth`` levels.
     """
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading byte order mark is not content
     except UnicodeDecodeError as exc:
         raise InputLimitError(f"not UTF-8 (byte {exc.start})") from None
     try:

@@ -188,6 +188,14 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, v: str) -> str:
+        if not v.strip():
+            # Fail closed: an unset variable in a deploy script must not fall
+            # back to a local SQLite file.
+            raise ValueError(
+                "NEXUS_DATABASE_URL is set but empty: give a URL such as "
+                "mysql+pymysql://user:password@host:3306/db, or unset it for the "
+                "SQLite default under .nexus/"
+            )
         try:
             backend = make_url(v).get_backend_name()
         except Exception as exc:

@@ -352,6 +352,32 @@ def test_import_sfdx_reports_every_dependency_and_plan_problem_at_once(tmp_path:
         assert str(src) in result.output
 
 
+def test_candidate_write_refuses_what_plan_packs_refuses(tmp_path: Path) -> None:
+    """A lookup to an object nobody defines, and an app pack source that claims
+    a platform category (it was ordered before platform-core and never
+    recorded as installed): no candidate is written, every problem is named."""
+    src = write_app_pack(
+        tmp_path / "gizmo.yaml",
+        [{"api_name": "Owner__c", "type": "Lookup", "reference_to": "Nowhere__c"}],
+    )
+    out = tmp_path / "candidate.yaml"
+    result = invoke(["candidate", "write", "--app-pack", str(src), "--out", str(out)], cli_env())
+    assert result.exit_code == 1, result.output
+    assert "Nowhere__c" in result.output and not out.exists()
+    data = yaml.safe_load(src.read_text()) | {"category": "PlatformCore", "depends_on": []}
+    src.write_text(yaml.safe_dump(data))
+    for argv in (
+        ["candidate", "write", "--app-pack", str(src), "--out", str(out)],
+        ["packs", "import-sfdx", str(src)],
+    ):
+        result = invoke(argv, cli_env())
+        assert result.exit_code == 1, result.output
+        assert "must be of category AppPack or ConnectorPack, not PlatformCore" in one_line(
+            result.output
+        )
+        assert not out.exists()
+
+
 # ---------------------------------------------------------------------------
 # status
 

@@ -249,7 +249,7 @@ async def test_candidate_from_the_temporal_cli_and_nexusctl(temporal_env, settin
     both = await invoke_async(
         ["apply-all", "--candidate", str(written), "--app-pack", str(pack)], env
     )
-    assert both.exit_code == 1
+    assert both.exit_code == 2  # a command-line mistake: Click's usage exit code
     assert "either with --app-pack or in the --candidate file" in both.output
 
 

@@ -556,6 +556,19 @@ def test_a_relative_source_names_every_file_the_same_way(
     assert len(files) == 2 and all(f.startswith(str(tmp_path.resolve())) for f in files), files
 
 
+def test_a_utf8_byte_order_mark_is_not_content(tmp_path: Path) -> None:
+    """Editors on Windows start files with a BOM: JSON documents (data plans,
+    sfdx-project.json, candidate files) and pack manifests read past it."""
+    from nexuscrm.inputs import parse_document
+
+    bom = b"\xef\xbb\xbf"
+    assert parse_document(bom + b'{"a": 1}', "json") == {"a": 1}
+    assert parse_document(bom + b"a: 1\n", "yaml") == {"a": 1}
+    path = tmp_path / "pack.json"
+    path.write_bytes(bom + b'{"name": "demo", "category": "AppPack"}')
+    assert load_native(path).name == "demo"
+
+
 def test_sfdx_no_objects(tmp_path: Path) -> None:
     (tmp_path / "sfdx-project.json").write_text("{}")
     with pytest.raises(ManifestError, match="no objects"):

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.controlplane import ControlPlaneActivities
     from activities.controlplane_gates import GateActivities
     from nexuscrm.contracts import ApplyAllInput, PhaseRequest, PlanRequest, VerifyRequest
+    from nexuscrm.contracts.controlplane import APPLY_ALL_POLICIES
     from nexuscrm.contracts.gates import (
         CandidateDecisionInfo,
         CandidateRequest,
@@ -41,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
 GATES_PATCH = "apply-all-gates-v1"
 """Patch id: completion gates, defer receipts, rebuild-debt gates, final-verify hook."""
 
-POLICIES = ("always_apply", "auto_start", "exact_candidate")
+POLICIES = APPLY_ALL_POLICIES
 
 DEFER_PHASES = ["defer-precondition", "mark-rebuild-owed"]
 FINAL_PHASES = ["final-verify", *COMPLETION_GATES]

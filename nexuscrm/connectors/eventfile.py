@@ -41,6 +41,7 @@ from nexuscrm.inputs import (
 )
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 1024 * 1024
 _SHOWN = 20  # problems listed before "... and N more"
 
@@ -90,8 +91,9 @@ class EventLine(BaseModel):
 def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
     """The bytes of ``path``, refusing more than ``max_bytes`` (read stops there).
 
-    Raises :class:`EventFileError` naming the file for a missing or
-    unreadable file, a directory, or one over the limit (``/dev/zero`` too).
+    A leading UTF-8 byte order mark is dropped. Raises :class:`EventFileError`
+    naming the file for a missing or unreadable file, a directory, or one over
+    the limit (``/dev/zero`` too).
     """
     try:
         with path.open("rb") as fh:
@@ -104,7 +106,8 @@ def read_bounded(path: Path, max_bytes: int, what: str) -> bytes:
         raise EventFileError(
             [f"{path}: {what} is larger than the limit of {max_bytes // (1024 * 1024)} MiB"]
         )
-    return data
+    # A UTF-8 byte order mark (editors on Windows write one) is not content.
+    return data.removeprefix(UTF8_BOM)
 
 
 def json_depth_problem(value: Any) -> str | None:
@@ -195,6 +198,7 @@ def read_event_file(
     requests: list[EnqueueRequest] = []
     no_route: dict[tuple[str, int], list[int]] = {}  # (kind, version) -> [problem index, lines]
     routed: set[tuple[str, int]] = set()
+    keys: dict[str, tuple[int, str]] = {}  # idempotency key -> (first line, its content)
     for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{n}"
         if not raw.strip():
@@ -231,12 +235,24 @@ def read_event_file(
                 f"claims (one of {', '.join(QUEUE_CLASSES)})"
             )
             continue
+        fields = line.model_dump(exclude={"queue_class"})
         request = EnqueueRequest(
             installed_pack_id=installed_pack_id,
             namespace=namespace,
             queue_class=queue_class,
-            **line.model_dump(exclude={"queue_class"}),
+            **fields,
         )
+        # The same key twice is one event (the second is skipped as a duplicate);
+        # with other content, the second line's event would be lost unseen.
+        content = json.dumps([queue_class, fields], sort_keys=True, default=str)
+        first = keys.setdefault(request.idempotency_key, (n, content))
+        if first[1] != content:
+            problems.append(
+                f"{where}: idempotency_key {request.idempotency_key!r} is also on line "
+                f"{first[0]} with other content: one key is one event, this one would be "
+                "skipped as its duplicate"
+            )
+            continue
         requests.append(request)
         route = (request.event_kind, request.route_version)
         if resolver is None or route in routed:

@@ -39,6 +39,12 @@ def heartbeat_timeout_problem(seconds: object) -> str | None:
     return f"heartbeat timeout must be {lo:g} to {hi:g} seconds, got {seconds!r}"
 
 
+APPLY_ALL_POLICIES = ("always_apply", "auto_start", "exact_candidate")
+"""ApplyAll's policies: ``always_apply`` (full run), ``auto_start`` (container
+start: classify, then skip / apply / halt), ``exact_candidate`` (skip only on
+an exact candidate match)."""
+
+
 @dataclass
 class ApplyAllInput:
     """Start arguments of ``ApplyAllWorkflow``.

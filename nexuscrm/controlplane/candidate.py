@@ -70,9 +70,10 @@ class FinalVerifyError(FatalError):
 def parse_candidate(data: Any, where: str) -> CandidateSpec:
     """Validate a decoded candidate document (``{"packs": [...]}``) into a spec.
 
-    Raises ``CandidateError`` naming ``where`` and the entry: not a mapping
-    with a ``packs`` list, an entry with unknown keys, a missing name, a
-    digest that is not 64 lower-case hex digits, a duplicate name.
+    Raises ``CandidateError`` naming ``where``: not a mapping with a ``packs``
+    list; else every problem of every entry at once, each naming the entry
+    (``packs[3] (name)``): unknown keys, a missing name, a digest that is not
+    64 lower-case hex digits, a source that is not a string, a duplicate name.
     """
     if not isinstance(data, Mapping) or set(data) != {"packs"}:
         raise CandidateError(f"candidate {where}: expected a mapping with exactly one key 'packs'")
@@ -81,27 +82,37 @@ def parse_candidate(data: Any, where: str) -> CandidateSpec:
         raise CandidateError(f"candidate {where}: 'packs' must be a non-empty list")
     out: list[CandidatePack] = []
     seen: set[str] = set()
+    problems: list[str] = []
     for i, entry in enumerate(packs):
-        at = f"candidate {where}: packs[{i}]"
+        at = f"packs[{i}]"
         if not isinstance(entry, Mapping):
-            raise CandidateError(f"{at}: expected a mapping with name, digest, source")
+            problems.append(f"{at}: expected a mapping with name, digest, source")
+            continue
         unknown = set(entry) - _ENTRY_KEYS
         if unknown:
-            raise CandidateError(f"{at}: unknown key(s) {sorted(unknown)}")
+            problems.append(f"{at}: unknown key(s) {sorted(unknown)}")
         name, digest, source = entry.get("name"), entry.get("digest"), entry.get("source", "")
+        bad = len(problems)
         if not isinstance(name, str) or not name:
-            raise CandidateError(f"{at}: 'name' must be a non-empty string, got {name!r}")
+            problems.append(f"{at}: 'name' must be a non-empty string, got {name!r:.80}")
+            name = "?"
         if not isinstance(digest, str) or not _DIGEST.match(digest):
-            raise CandidateError(
+            problems.append(
                 f"{at} ({name}): 'digest' must be a sha256 payload hash (64 lower-case hex), "
-                f"got {digest!r}"
+                f"got {digest!r:.80}"
             )
         if not isinstance(source, str):
-            raise CandidateError(f"{at} ({name}): 'source' must be a path string, got {source!r}")
+            problems.append(f"{at} ({name}): 'source' must be a path string, got {source!r:.80}")
         if name in seen:
-            raise CandidateError(f"{at}: pack {name} is listed twice")
+            problems.append(f"{at}: pack {name} is listed twice")
         seen.add(name)
-        out.append(CandidatePack(name=name, digest=digest, source=source))
+        if len(problems) == bad and not unknown:
+            out.append(CandidatePack(name=name, digest=str(digest), source=str(source)))
+    if problems:
+        # Every problem of every entry at once, in one message naming the file.
+        raise CandidateError(
+            f"candidate {where}: {len(problems)} problem(s): " + "; ".join(problems)
+        )
     return CandidateSpec(packs=out)
 
 

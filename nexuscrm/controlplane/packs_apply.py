@@ -135,7 +135,20 @@ def load_plan(
     problems: list[Problem] = []
     for source in app_sources:
         try:
-            explicit.append(load_pack_source(source))
+            pack = load_pack_source(source)
+            if pack.category not in INSTALLED_CATEGORIES:
+                # A platform or DevSample category would order it among (or
+                # before) the shipped packs and never record it as installed.
+                problems.append(
+                    Problem(
+                        pack.source or source,
+                        "category",
+                        f"pack {pack.name}: an app pack source must be of category "
+                        f"{' or '.join(c.value for c in INSTALLED_CATEGORIES)}, not "
+                        f"{pack.category.value}",
+                    )
+                )
+            explicit.append(pack)
         except PackProblems as exc:
             problems.extend(exc.problems)
             if isinstance(exc.partial, PackManifest):
@@ -491,6 +504,23 @@ def mark_pack_status(engine: Engine, name: str, status: str) -> None:
         conn.execute(
             update(t.installed_pack).where(t.installed_pack.c.Name == name).values(Status=status)
         )
+
+
+def removal_problem(engine: Engine, name: str) -> str | None:
+    """Why ``nexusctl packs remove <name>`` cannot work, read before it queues
+    (``None``: it may; :func:`remove_pack` checks again under the lease): not
+    installed (naming the packs that are), or a platform pack."""
+    ip = t.installed_pack
+    with engine.connect() as conn:
+        rows = conn.execute(select(ip.c.Name, ip.c.Category, ip.c.Status)).all()
+    removable = {c.value for c in INSTALLED_CATEGORIES}
+    row = next((r for r in rows if r.Name == name), None)
+    if row is None:
+        names = sorted(r.Name for r in rows if r.Category in removable and r.Status != "removed")
+        return f"pack {name[:80]} is not installed (removable: {', '.join(names) or 'none'})"
+    if row.Category not in removable:
+        return f"pack {name} is a {row.Category} pack; only app and connector packs can be removed"
+    return None
 
 
 def remove_pack(

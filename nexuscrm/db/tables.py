@@ -32,6 +32,9 @@ LongText = Text().with_variant(mysql.LONGTEXT(), "mysql")
 # VARCHAR(191) keeps utf8mb4 index keys under MySQL's 767-byte limit.
 KEY = 191
 
+WORK_ID = 64
+"""Longest ``ConnectorWorkItem.WorkId`` (characters)."""
+
 
 def _audit() -> list[Column[object]]:
     return [
@@ -196,7 +199,7 @@ connector_event = Table(
 connector_work_item = Table(
     "_System_ConnectorWorkItem",
     system_metadata,
-    Column("WorkId", String(64), primary_key=True),
+    Column("WorkId", String(WORK_ID), primary_key=True),
     Column("EventId", String(64), nullable=False),
     Column("InstalledPackId", String(64), nullable=False),
     Column("WorkType", String(64), nullable=False),
@@ -210,7 +213,7 @@ connector_work_item = Table(
     Column("FailureSummary", Text, nullable=True),
     Column("LastFailureAt", DateTime, nullable=True),
     Column("ReplayedAt", DateTime, nullable=True),
-    Column("ReplayOfWorkId", String(64), nullable=True),
+    Column("ReplayOfWorkId", String(WORK_ID), nullable=True),
     Column("LeaseOwner", String(KEY), nullable=True),
     Column("LeaseToken", String(64), nullable=True),
     Column("LeaseUntil", DateTime, nullable=True),

@@ -132,7 +132,7 @@ def _read_text(path: Path) -> str:
             str(path), f"larger than the limit of {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB"
         )
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a leading byte order mark is not content
     except UnicodeDecodeError as exc:
         raise ManifestError(str(path), f"not UTF-8 text: {exc}") from exc
 

@@ -15,8 +15,10 @@ import typer
 import yaml
 
 from nexuscrm.controlplane import candidate, packs_apply
+from nexuscrm.controlplane.packs_plan import validate_plan
+from nexuscrm.errors import PackProblems
 from nexusctl.cli.common import AppPack, DevSample, existing_engine, load_settings, sources
-from nexusctl.cli.render import console, fail
+from nexusctl.cli.render import console, fail, print_problems
 
 candidate_app = typer.Typer(
     help="Exact candidates for `apply-all --candidate`.", no_args_is_help=True
@@ -35,7 +37,14 @@ def write(
     settings = load_settings(quiet=True)
     srcs = sources(app_pack)
     dev = (not settings.is_production) if dev_sample is None else dev_sample
-    plan = packs_apply.load_plan(existing_engine(settings), srcs, dev)
+    engine = existing_engine(settings)
+    try:
+        plan = packs_apply.load_plan(engine, srcs, dev)
+        # What plan-packs would refuse is no candidate (a lookup to an object
+        # nobody defines, an object owned by another pack ...).
+        validate_plan(packs_apply.catalog_of(engine), plan)
+    except PackProblems as exc:
+        print_problems(exc.problems)
     text = yaml.safe_dump(candidate.from_plan(plan, srcs), sort_keys=False)
     if out is None:
         console.print(text, end="", markup=False, highlight=False, soft_wrap=True)

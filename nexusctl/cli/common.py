@@ -40,9 +40,23 @@ SHUTDOWN_GRACE_S = 10.0
 POLLER_FRESH_S = 90.0
 STATE_DIR = Path(".nexus")
 
+
+def _app_packs(values: list[str] | None) -> list[str] | None:
+    """Typer callback: an empty ``--app-pack`` ('' would resolve to the current
+    folder and install it as a pack) is a command-line mistake."""
+    for value in values or ():
+        if not value.strip():
+            raise typer.BadParameter("an app pack source must be a path, got an empty value")
+    return values
+
+
 AppPack = Annotated[
     list[str] | None,
-    typer.Option("--app-pack", help="App pack source: SFDX project folder or pack.yaml (repeat)."),
+    typer.Option(
+        "--app-pack",
+        help="App pack source: SFDX project folder or pack.yaml (repeat).",
+        callback=_app_packs,
+    ),
 ]
 DevSample = Annotated[
     bool | None,

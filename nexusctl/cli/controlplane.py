@@ -30,6 +30,7 @@ from nexuscrm.contracts import (
     PhaseReport,
     heartbeat_timeout_problem,
 )
+from nexuscrm.contracts.controlplane import APPLY_ALL_POLICIES
 from nexuscrm.contracts.controlplane_queue import (
     QUEUED_OPERATIONS,
     ControlPlaneTicket,
@@ -57,6 +58,7 @@ from nexusctl.cli.render import (
     print_status,
     print_summary,
     queue_table,
+    usage_fail,
     warn,
 )
 from nexusctl.cli.retrying import with_retries
@@ -236,6 +238,13 @@ def _heartbeat_timeout(value: float) -> float:
     return value
 
 
+def _policy(value: str | None) -> str | None:
+    """Typer callback: refuse an unknown ``--policy`` before anything starts."""
+    if value is not None and value not in APPLY_ALL_POLICIES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(APPLY_ALL_POLICIES)}")
+    return value
+
+
 NoQueue = Annotated[
     bool,
     typer.Option(
@@ -254,7 +263,8 @@ def apply_all(
         str | None,
         typer.Option(
             help="always_apply, auto_start or exact_candidate (default: exact_candidate "
-            "with --candidate, else always_apply)."
+            "with --candidate, else always_apply).",
+            callback=_policy,
         ),
     ] = None,
     heartbeat_timeout: Annotated[
@@ -293,11 +303,14 @@ def apply_all(
     It runs when the database's earlier control-plane operations are done,
     waiting up to NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS (600) for its turn.
     """
+    if candidate is not None and app_pack:
+        usage_fail(
+            "give the app packs either with --app-pack or in the --candidate file, not both",
+            "apply-all",
+        )
     settings = load_settings()
     _refuse_dev_sample_in_production(settings, dev_sample)
     spec = load_candidate(candidate) if candidate is not None else None
-    if spec is not None and app_pack:
-        fail("give the app packs either with --app-pack or in the --candidate file, not both")
     chosen = policy or ("exact_candidate" if spec is not None else "always_apply")
     arg = ApplyAllInput(
         sources(app_pack),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 import yaml
-from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import Engine
 
@@ -16,16 +15,23 @@ from nexuscrm import catalog
 from nexuscrm.catalog import object_table, spec_context
 from nexuscrm.connectors.incarnations import FAILURE_PACK_REMOVED, fail_removed_items
 from nexuscrm.contracts.controlplane_queue import RemovePackInput
-from nexuscrm.controlplane.packs_apply import load_plan
+from nexuscrm.controlplane.packs_apply import load_plan, removal_problem
 from nexuscrm.controlplane.packs_plan import PlanState, plan_problems, record_pack, resolve_object
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
-from nexuscrm.errors import NexusError, PackProblems, Problem, format_problems
+from nexuscrm.errors import NexusError, PackProblems
 from nexuscrm.formulas import build_view_select, view_name
 from nexuscrm.packs.model import Category, ObjectSpec, PackManifest
 from nexusctl.cli.common import existing_engine, load_settings
 from nexusctl.cli.controlplane import run_operation
-from nexusctl.cli.render import console, err_console, fail, require_engine, warn
+from nexusctl.cli.render import (
+    console,
+    fail,
+    print_problems,
+    require_engine,
+    usage_fail,
+    warn,
+)
 
 packs_app = typer.Typer(help="Pack tools.", no_args_is_help=True)
 
@@ -52,6 +58,9 @@ def packs_remove(
     """
     settings = load_settings()
     engine = require_engine(settings)
+    problem = removal_problem(engine, name)
+    if problem:  # before taking a turn in the queue and the lease
+        fail(problem)
     result = asyncio.run(
         run_operation(settings, "RemovePack", RemovePackInput(name), True, no_queue=no_queue)
     )
@@ -77,13 +86,20 @@ def import_sfdx(
     by file, and exits 1 when there is any. Formulas its views would leave out
     are warnings.
     """
+    if out is not None:
+        target, source = out.expanduser().resolve(), path.expanduser().resolve()
+        if target == source or (source.is_dir() and target.is_relative_to(source)):
+            # It would overwrite the project's own files (or be read as one next time).
+            usage_fail(
+                f"--out {out} is inside the project being imported ({path})", "packs import-sfdx"
+            )
     settings = load_settings()
     engine = existing_engine(settings)
     include_dev_sample = not settings.is_production
     try:
         plan = load_plan(engine, [str(path)], include_dev_sample)
     except PackProblems as exc:
-        _print_problems(exc.problems)
+        print_problems(exc.problems)
     except NexusError as exc:
         fail(f"{exc} (checked against the platform and installed packs)")
     target = path.resolve()
@@ -106,7 +122,7 @@ def import_sfdx(
         warn(problem)
     problems = plan_problems(cat, plan)
     if problems:
-        _print_problems(problems)
+        print_problems(problems)
     if out is not None:
         text = yaml.safe_dump(pack.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
         try:
@@ -147,16 +163,6 @@ def _print_summary(pack: PackManifest, path: Path, state: PlanState) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(f"{len(pack.objects)} objects, {fields} fields, {merges} customized fields")
-
-
-def _print_problems(problems: list[Problem]) -> NoReturn:
-    """Every problem grouped by file on stderr, then exit 1."""
-    files = len({p.file for p in problems})
-    err_console.print(
-        f"[red]error:[/red] {len(problems)} problem(s) in {files} file(s)", soft_wrap=True
-    )
-    err_console.print(escape(format_problems(problems)), soft_wrap=True, highlight=False)
-    raise typer.Exit(1)
 
 
 def _formula_problems(pack: PackManifest, platform: list[PackManifest]) -> list[str]:

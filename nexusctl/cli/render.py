@@ -26,7 +26,7 @@ from nexuscrm.contracts.controlplane_queue import ControlPlaneQueueStatus
 from nexuscrm.controlplane import derived, markers
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
-from nexuscrm.errors import NexusError
+from nexuscrm.errors import NexusError, Problem, format_problems
 from nexuscrm.settings import Settings, default_database_url
 from nexusctl.cli.common import RUN, existing_engine, no_database, safe_url
 
@@ -56,6 +56,25 @@ def fail(message: str) -> NoReturn:
     """Print ``error: <message>`` on stderr and exit 1."""
     error_line(message)
     raise typer.Exit(1)
+
+
+def print_problems(problems: list[Problem]) -> NoReturn:
+    """Every problem grouped by file on stderr (``error: N problem(s) in M
+    file(s)``, then :func:`format_problems`), then exit 1."""
+    files = len({p.file for p in problems})
+    err_console.print(
+        f"[red]error:[/red] {len(problems)} problem(s) in {files} file(s)", soft_wrap=True
+    )
+    err_console.print(escape(format_problems(problems)), soft_wrap=True, highlight=False)
+    raise typer.Exit(1)
+
+
+def usage_fail(message: str, command: str) -> NoReturn:
+    """A command-line mistake found in a command's body (options that exclude
+    each other): print ``error: <message> (see 'nexusctl <command> --help')``
+    on stderr and exit 2, as the parser's own usage errors do."""
+    error_line(f"{message} (see 'nexusctl {command} --help')")
+    raise typer.Exit(2)
 
 
 def _database_url() -> str:

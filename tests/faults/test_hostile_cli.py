@@ -96,6 +96,10 @@ def _crashed(res: Any) -> bool:
         (["status", "--no-such-flag"], "No such option: --no-such-flag"),
         (["no-such-command"], "No such command 'no-such-command'"),
         (["events", "enqueue"], "Missing argument"),
+        (["apply-all", "--policy", "bogus"], "'bogus' is not one of always_apply"),
+        (["apply-all", "--app-pack", ""], "--app-pack"),
+        (["apply-all", "--app-pack", "x", "--candidate", "c.yaml"], "not both"),
+        (["packs", "import-sfdx", ".", "--out", "pack.yaml"], "inside the project being imported"),
     ],
 )
 async def test_command_line_mistakes_are_one_error_line_with_exit_2(
@@ -111,3 +115,24 @@ async def test_command_line_mistakes_are_one_error_line_with_exit_2(
     assert expected in res.output, res.output
     assert "--help')" in res.output
     assert not _crashed(res)
+
+
+async def test_removing_a_pack_never_installed_is_refused_before_the_queue(
+    temporal_env: Any, settings: Any
+) -> None:
+    """``packs remove nope`` used to take a turn in the control-plane queue and
+    the lease before saying "not installed"; a 5,000-character work id was
+    echoed whole by ``events replay``."""
+    await apply_all(temporal_env, settings)
+    env = cli_env(settings, temporal_env)
+    res = await invoke_async(["packs", "remove", "nope"], env)
+    assert res.exit_code == 1, res.output
+    assert "pack nope is not installed (removable: none)" in res.output
+    started = await executions(temporal_env.client, "WorkflowType = 'RemovePack'")
+    assert started == []
+    res = await invoke_async(["packs", "remove", "platform-core"], env)
+    assert res.exit_code == 1 and "only app and connector packs" in res.output, res.output
+    res = await invoke_async(["events", "replay", "w" * 5000], env)
+    assert res.exit_code == 1, res.output
+    assert "a work id has at most 64 characters, this one 5,000" in res.output
+    assert len(res.output) < 400, res.output

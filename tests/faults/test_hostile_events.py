@@ -120,6 +120,10 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
         [":2:", "'source_id' appears twice"],
     ),
     "duplicate key in the payload": (lines(TWICE_IN_PAYLOAD), [":1:", "'Name' appears twice"]),
+    "one key, other content": (
+        lines(good(1), good(2), good(3, idempotency_key="Account:h1")),
+        [":3:", "'Account:h1' is also on line 1 with other content"],
+    ),
     "several problems at once": (
         lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),
         [":1:", ":3:", ":4:", "3 problem(s)"],
@@ -155,9 +159,10 @@ async def test_events_enqueue_refuses_hostile_files_whole_with_one_clear_error(
             failures.append(f"{special}: exit {res.exit_code}\n{res.output[:400]}")
     assert not failures, "\n\n".join(failures)
     assert counts(engine) == (0, 0)
-    # the same events, fixed, go in
+    # the same events, fixed, go in: a byte order mark and a line repeated
+    # whole (one event, its duplicate skipped) are fine
     path = tmp_path / "fixed.jsonl"
-    path.write_bytes(lines(*[good(i) for i in range(1, 502)]))
+    path.write_bytes(b"\xef\xbb\xbf" + lines(*[good(i) for i in range(1, 502)], good(7)))
     res = await invoke_async(["events", "enqueue", str(path)], env)
     assert res.exit_code == 0, res.output
     assert "enqueued 501 event(s)" in res.output

@@ -157,3 +157,23 @@ def test_yaml_aliases_are_measured_once_and_a_recursive_one_is_refused(tmp_path:
     loop.write_text("packs: &p [*p]\n")
     with pytest.raises(CandidateError, match=r"loop\.yaml: nested without end"):
         load_candidate(loop)
+
+
+def test_a_candidate_file_names_every_bad_entry_at_once(tmp_path: Path) -> None:
+    """Two bad entries and a duplicate: each named by its index, in one error."""
+    from nexuscrm.controlplane.candidate import CandidateError, load_candidate
+
+    path = tmp_path / "candidate.yaml"
+    path.write_text(
+        "packs:\n"
+        "  - {name: a, digest: nothex}\n"
+        "  - {name: b, digest: '" + "0" * 64 + "', extra: 1}\n"
+        "  - {name: a, digest: '" + "0" * 64 + "', source: 5}\n"
+    )
+    with pytest.raises(CandidateError) as info:
+        load_candidate(path)
+    text = str(info.value)
+    assert str(path) in text and "4 problem(s)" in text, text
+    for part in ("packs[0] (a): 'digest'", "packs[1]: unknown key(s) ['extra']",
+                 "packs[2] (a): 'source'", "packs[2]: pack a is listed twice"):  # fmt: skip
+        assert part in text, text

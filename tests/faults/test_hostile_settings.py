@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from nexuscrm.contracts import ApplyAllInput
 from nexuscrm.errors import NexusError
-from nexuscrm.settings import NUMERIC_RANGES
+from nexuscrm.settings import NUMERIC_RANGES, Settings
 from nexusctl.controlplane_queue import build_request, submit
 from nexusctl.worker import build_worker
 from tests.builders import apply_all, cli_env, executions, invoke, invoke_async
@@ -123,3 +124,11 @@ def test_an_accepted_wait_is_clamped_into_range() -> None:
     assert bounded_queue_wait(float("nan")) == MAX_QUEUE_WAIT_SECONDS
     assert bounded_queue_wait(-3) == 1.0
     assert bounded_queue_wait(600) == 600.0
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_database_url_is_refused_not_taken_for_the_default(value: str) -> None:
+    """``NEXUS_DATABASE_URL=$UNSET_VAR`` in a deploy script must not fall back
+    to a local SQLite file: refused, saying what to give."""
+    with pytest.raises(ValidationError, match="NEXUS_DATABASE_URL is set but empty"):
+        Settings(database_url=value)

@@ -422,6 +422,11 @@ def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
     later event of its record succeeded or is running (naming them).
     """
     when = _now(now)
+    if len(work_id) > t.WORK_ID:
+        raise NexusError(
+            f"replay {work_id[: t.WORK_ID]}...: no such work item (a work id has at most "
+            f"{t.WORK_ID} characters, this one {len(work_id):,})"
+        )
     with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
         old = conn.execute(select(_w).where(_w.c.WorkId == work_id)).mappings().first()
         if old is None:
