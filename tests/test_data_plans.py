@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from rich.console import Console
-from sqlalchemy import text
+from sqlalchemy import select, text
 from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
@@ -258,3 +258,103 @@ def test_demo_sync_names_the_plans_it_lacks(tmp_path: Path, settings: Settings) 
         ["demo-sync", str(project), "--plan", str(tmp_path / "x.json")], cli_env(settings)
     )
     assert result.exit_code == 1 and "x.json not found" in result.output, result.output
+
+
+def write_value_app(path: Path) -> Path:
+    doc = {
+        "name": "values-app",
+        "category": "AppPack",
+        "depends_on": ["platform-core"],
+        "objects": [
+            {
+                "api_name": "Broker__c",
+                "label": "Broker",
+                "fields": [
+                    {"api_name": "Title__c", "type": "Text", "length": 50},
+                    {"api_name": "Score__c", "type": "Number", "precision": 2, "scale": 0},
+                    {"api_name": "Amount__c", "type": "Number", "precision": 18, "scale": 2},
+                    {"api_name": "Notes__c", "type": "LongTextArea", "length": 500},
+                ],
+            },
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
+    "object": ({"Name": {"a": 1}}, "Broker__c.Name: value is an object"),
+    "list": ({"Title__c": ["a"]}, "Broker__c.Title__c: value is a list"),
+    "too long": ({"Title__c": "x" * 80}, "Broker__c.Title__c: value has 80 characters"),
+    "precision": ({"Score__c": 123456789}, "Broker__c.Score__c: value 123456789 is out of range"),
+    "huge": ({"Amount__c": 1e300}, "Broker__c.Amount__c: value 1e+300 is out of range"),
+    "long text": ({"Notes__c": "n" * 1000}, "Broker__c.Notes__c: value has 1,000 characters"),
+}
+
+
+async def test_values_that_do_not_fit_are_refused_at_import_and_fail_their_item_alone(
+    temporal_env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> None:
+    """SQLite stores anything and MariaDB refuses (1406, 1264): both refuse at
+    import naming file, record and field, and the flow fails each bad item
+    alone (``value-invalid``), its batch-mates applied, never a driver error."""
+    from nexuscrm.connectors import queue
+    from nexuscrm.connectors.flows import VALUE_INVALID
+    from nexuscrm.db import tables as t
+    from tests.builders import record_upsert, work_states
+
+    settings = connector_settings(settings)
+    await install(
+        temporal_env, settings, [str(write_value_app(tmp_path / "app.yaml")), str(SF_SYNC)]
+    )
+    env = cli_env(settings, temporal_env)
+    engine = make_engine(settings.database_url)
+    try:
+        records = [
+            rec("Broker__c", f"B{i}", **fields)
+            for i, (fields, _m) in enumerate(BAD_VALUES.values())
+        ]
+        files = {"brokers.json": [rec("Broker__c", "ok", Name="fine"), *records]}
+        plan = write_project(tmp_path, "v", files, [{"sobject": "Broker__c", "files": [*files]}])
+        res = await invoke_async(["events", "import-sfdx-data", str(plan)], env)
+        output = " ".join(res.output.split())
+        assert res.exit_code == 1, res.output
+        assert "Traceback" not in output and "nothing enqueued" in output, output
+        for i, (_fields, message) in enumerate(BAD_VALUES.values()):
+            field = message.split(":")[0].split(".")[1]
+            assert f"brokers.json: record {i + 1} (B{i}): field {field}: value" in output, output
+        assert work_states(engine) == {}
+        # Past the importer (events enqueue, another program): each bad item fails alone.
+        (pack,) = list_connector_packs(engine)
+        reqs = [record_upsert(pack.install_id, pack.namespace, "Broker__c", "ok", {"Name": "ok"})]
+        reqs += [
+            record_upsert(pack.install_id, pack.namespace, "Broker__c", name.replace(" ", "-"), f)
+            for name, (f, _m) in BAD_VALUES.items()
+        ]
+        queue.enqueue(engine, reqs)
+        catalog.CACHE.invalidate()
+        async with (
+            build_worker(temporal_env.client, settings),
+            build_connector_worker(temporal_env.client, settings),
+        ):
+            fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+            states = await wait_drained(engine)
+            await fleet.signal("stop")
+            await fleet.result()
+        assert states == {"succeeded": 1, "failed": len(BAD_VALUES)}, states
+        w = t.connector_work_item
+        with engine.connect() as conn:
+            failed = conn.execute(
+                select(w.c.FailureClass, w.c.FailureSummary, w.c.Attempt).where(
+                    w.c.State == "failed"
+                )
+            ).all()
+        assert {r[0] for r in failed} == {VALUE_INVALID}, failed
+        summaries = " | ".join(str(r[1]) for r in failed)
+        for _fields, message in BAD_VALUES.values():
+            assert message in summaries, summaries
+        assert all(r[2] == 1 for r in failed), failed  # at once, never retried
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT Name FROM Broker__c")).scalars().all() == ["ok"]
+    finally:
+        engine.dispose()

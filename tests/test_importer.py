@@ -117,11 +117,19 @@ def test_options_are_passed_through() -> None:
 def write_plan(tmp_path: Path, files: dict[str, Any], plan: Any = None) -> Path:
     for name, doc in files.items():
         (tmp_path / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    if plan is None:  # one entry (no sobject: records of any type) over every file
-        plan = [{"resolveRefs": True, "files": list(files)}]
+    if plan is None:  # one entry a file, of its first record's type
+        plan = [{"sobject": _first_type(doc), "resolveRefs": True, "files": [name]}
+                for name, doc in files.items()]  # fmt: skip
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     return path
+
+
+def _first_type(doc: Any) -> str:
+    try:
+        return str(doc["records"][0]["attributes"]["type"])
+    except (KeyError, IndexError, TypeError):
+        return "A"
 
 
 def rec(rtype: str, ref: str, **fields: Any) -> dict[str, Any]:
@@ -228,3 +236,109 @@ def test_plan_events_enqueue_idempotently(engine: Engine) -> None:
     )
     assert len(got) == len(events)  # every record is its own lane
     assert {g.payload["remote_id"] for g in got} == {e.source_id for e in events}
+
+
+# --- every problem at once; values checked against the catalog ------------------
+
+
+def broker_catalog() -> Any:
+    from nexuscrm.catalog import Catalog, CatalogObject
+    from nexuscrm.packs.model import FieldSpec, FieldType
+
+    fields = (
+        FieldSpec(api_name="Title__c", type=FieldType.Text, length=50),
+        FieldSpec(api_name="Score__c", type=FieldType.Number, precision=2, scale=0),
+        FieldSpec(api_name="Amount__c", type=FieldType.Currency),
+        FieldSpec(api_name="Notes__c", type=FieldType.LongTextArea, length=500),
+        FieldSpec(api_name="Active__c", type=FieldType.Checkbox),
+        FieldSpec(api_name="Day__c", type=FieldType.Date),
+    )
+    obj = CatalogObject("Broker__c", "Broker__c", "custom", "Broker", "Brokers", False, "app",
+                        fields)  # fmt: skip
+    return Catalog(version=1, objects={"broker__c": obj})
+
+
+def problems_of(plan: Path, **kw: Any) -> str:
+    from nexuscrm.connectors.importer import DataPlanProblems, import_sfdx_plans
+
+    with pytest.raises(DataPlanProblems) as info:
+        import_sfdx_plans([plan], installed_pack_id=PACK, **kw)
+    return str(info.value)
+
+
+def test_values_that_do_not_fit_their_field_are_refused_all_at_once(tmp_path: Path) -> None:
+    good = rec("Broker__c", "B0", Name="ok", Title__c="x" * 50, Score__c=99, Amount__c="12.345",
+               Notes__c="n" * 500, Active__c="TRUE", Day__c="2024-03-01T10:00:00Z")  # fmt: skip
+    bad = [
+        rec("Broker__c", "B1", Name={"a": 1}),
+        rec("Broker__c", "B2", Title__c="x" * 80, Score__c=123456789),
+        rec("Broker__c", "B3", Amount__c=1e300, Notes__c="n" * 1000),
+        rec("Broker__c", "B4", Active__c="maybe", Day__c=20240301, Nope__c="x"),
+        rec("Broker__c", "B5", Title__c=["a"], Score__c="NaN"),
+    ]
+    plan = write_plan(tmp_path, {"brokers.json": {"records": [good, *bad]}})
+    message = problems_of(plan, catalog=broker_catalog())
+    where = str(tmp_path / "brokers.json")
+    expected = [
+        "record 1 (B1): field Name: value is an object; a Text field holds text",
+        "record 2 (B2): field Title__c: value has 80 characters; the field holds at most 50",
+        "record 2 (B2): field Score__c: value 123456789 is out of range",
+        "record 3 (B3): field Amount__c: value 1e+300 is out of range",
+        "record 3 (B3): field Notes__c: value has 1,000 characters; the field holds at most 500",
+        "record 4 (B4): field Active__c: value is 'maybe'; a Checkbox holds true or false",
+        "record 4 (B4): field Day__c: value is a number; a Date field holds an ISO text",
+        "record 4 (B4): field Nope__c: Broker__c has no field Nope__c",
+        "record 5 (B5): field Title__c: value is a list",
+        "record 5 (B5): field Score__c: value 'NaN' is not a finite number",
+    ]
+    for line in expected:
+        assert f"data file {where}: {line}" in message, (line, message)
+    assert "record 0 " not in message
+    assert "10 problems in the data plans, nothing enqueued" in message
+    # The good record alone imports, its values as the flow will store them.
+    plan = write_plan(tmp_path, {"brokers.json": {"records": [good]}})
+    (ev,) = events_from_sfdx_plan(plan, installed_pack_id=PACK)
+    assert ev.payload["fields"]["Amount__c"] == "12.345"
+
+
+def test_unknown_object_is_refused_at_import(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, {"x.json": {"records": [rec("Ghost__c", "G1", Name="g")]}})
+    message = problems_of(plan, catalog=broker_catalog())
+    assert f"data file {plan}: entry for Ghost__c: object Ghost__c is not installed" in message
+
+
+def test_every_problem_of_every_file_and_plan_at_once(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(
+        json.dumps({"records": [{"Name": "x"}, {"attributes": {"type": "Broker__c"}},
+                                rec("Broker__c", 5), 7]})  # type: ignore[arg-type]
+    )  # fmt: skip
+    (tmp_path / "b.json").write_text("[1]")
+    (tmp_path / "plan.json").write_text(
+        json.dumps([
+            {"sobject": "Broker__c", "files": ["a.json", "b.json"]},
+            {"files": ["a.json"]},
+            {"sobject": "Broker__c", "files": ["/etc/passwd", "../elsewhere/x.json"]},
+            {"sobject": "Broker__c", "files": ["a.json"], "resolveRefs": "yes"},
+        ])
+    )  # fmt: skip
+    (tmp_path / "plan2.json").write_text('{"sobject": "Broker__c"}')
+    from nexuscrm.connectors.importer import DataPlanProblems, import_sfdx_plans
+
+    with pytest.raises(DataPlanProblems) as info:
+        import_sfdx_plans([tmp_path / "plan.json", tmp_path / "plan2.json"],
+                          installed_pack_id=PACK)  # fmt: skip
+    message = str(info.value)
+    a, b, plan, plan2 = (str(tmp_path / n) for n in ("a.json", "b.json", "plan.json", "plan2.json"))
+    for line in [
+        f"{a}: record 0: missing 'attributes'",
+        f"{a}: record 1 (Broker__c): missing attributes.referenceId",
+        f"{a}: record 2 (Broker__c): attributes.referenceId must be a string, not a number",
+        f"{a}: record 3: must be an object, not a number",
+        f"{b}: expected an object with a 'records' array",
+        f"{plan}: entry 1: missing 'sobject'",
+        f"{plan}: entry 2 (Broker__c): file '/etc/passwd': an absolute path",
+        f"{plan}: entry 2 (Broker__c): file '../elsewhere/x.json': points outside the plan's",
+        f"{plan}: entry 3 (Broker__c): 'resolveRefs' must be true or false",
+        f"{plan2}: a data plan must be a JSON array of entries",
+    ]:
+        assert f"data file {line}" in message, (line, message)

@@ -9,13 +9,11 @@ in the caller's transaction. ``webhook`` POSTs the event to a URL.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import httpx
@@ -26,7 +24,15 @@ from nexuscrm.clock import utcnow
 from nexuscrm.connectors.enrich import IDEMPOTENCY_HEADER
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
-from nexuscrm.packs.model import NUMERIC_TYPES, REFERENCE_TYPES, FieldSpec, FieldType
+from nexuscrm.fieldvalues import (
+    MAX_REMOTE_ID_CHARS,
+    NAME_FIELD,
+    OWNER_FIELD,
+    ValueProblem,
+    stored_value,
+    value_problem,
+)
+from nexuscrm.packs.model import REFERENCE_TYPES, FieldSpec
 
 
 class FlowError(NexusError):
@@ -128,36 +134,17 @@ def find_link(conn: Connection, ident: RemoteIdentity) -> str | None:
     ).scalar_one_or_none()
 
 
+VALUE_INVALID = "value-invalid"
+"""Failure class of an event whose field value does not fit its field (not retried)."""
+
+
 def _coerce(obj: str, f: FieldSpec, column: str, value: Any) -> Any:
-    """Convert one JSON value to what the column stores; FlowError('mapping') when it cannot."""
-    if value is None or value == "":
-        return None
+    """The stored value of one column; ``FlowError('value-invalid')`` naming the
+    object, column and why when it does not fit (:func:`nexuscrm.fieldvalues.stored_value`)."""
     try:
-        if f.type in NUMERIC_TYPES or f.type == FieldType.Location:
-            return Decimal(str(value))
-        if f.type == FieldType.Checkbox:
-            if isinstance(value, bool):
-                return value
-            return str(value).strip().lower() in {"true", "1", "yes"}
-        if f.type == FieldType.Date:
-            return dt.date.fromisoformat(str(value)[:10])
-        if f.type == FieldType.DateTime:
-            text = str(value).replace("Z", "+00:00")
-            parsed = dt.datetime.fromisoformat(text)
-            if parsed.tzinfo is not None:
-                parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
-            return parsed
-        if f.type == FieldType.Time:
-            return dt.time.fromisoformat(str(value).rstrip("Z"))
-        if f.type == FieldType.MultiselectPicklist and isinstance(value, list):
-            return ";".join(str(v) for v in value)
-    except (ValueError, InvalidOperation) as exc:
-        raise FlowError(
-            "mapping", f"{obj}.{column}: value {value!r} is not a valid {f.type}", retriable=False
-        ) from exc
-    if isinstance(value, dict | list):
-        return json.dumps(value)
-    return str(value)
+        return stored_value(f, value)
+    except ValueProblem as exc:
+        raise FlowError(VALUE_INVALID, f"{obj}.{column}: value {exc}", retriable=False) from None
 
 
 def _columns(obj: CatalogObject) -> dict[str, tuple[FieldSpec, str]]:
@@ -269,24 +256,27 @@ def _prepare(
     fields = dict(payload.get("fields") or {})
     references = {k.lower(): v for k, v in (payload.get("references") or {}).items()}
     ident = RemoteIdentity(owner_key, namespace, obj.api_name, str(remote_id))
+    if len(ident.remote_id) > MAX_REMOTE_ID_CHARS:
+        raise FlowError(
+            VALUE_INVALID,
+            f"{obj.api_name}: remote id has {len(ident.remote_id):,} characters; "
+            f"at most {MAX_REMOTE_ID_CHARS}",
+            retriable=False,
+        )
     try:
         for raw_name, value in fields.items():
-            name: str = mapping.get(str(raw_name).lower(), str(raw_name))
-            if name.lower() in {"name", "ownerid"}:
-                values["Name" if name.lower() == "name" else "OwnerId"] = value
-                continue
-            if name.lower() in {"id", "createddate", "lastmodifieddate", "isdeleted"}:
-                continue  # system columns are the CRM's own
-            spec = cols.get(name.lower())
+            spec = _field_target(obj, cols, mapping, str(raw_name))
             if spec is None:
-                raise FlowError(
-                    "mapping", f"{obj.api_name} has no field {name} (event field {raw_name})",
-                    retriable=False,
-                )  # fmt: skip
+                continue
             f, col = spec
+            if f is NAME_FIELD or f is OWNER_FIELD:
+                values[col] = _coerce(obj.api_name, f, col, value)
+                continue
             if f.type in REFERENCE_TYPES:
-                parent_remote = references.get(raw_name.lower(), value)
-                if parent_remote in (None, ""):
+                parent_remote = _coerce(
+                    obj.api_name, f, col, references.get(raw_name.lower(), value)
+                )
+                if parent_remote is None:
                     refs.append((col, None, ""))
                     continue
                 parent = RemoteIdentity(
@@ -305,6 +295,75 @@ def _prepare(
         first, last = fields.get("FirstName"), fields.get("LastName")
         values["Name"] = " ".join(str(p) for p in (first, last) if p) or str(remote_id)
     return _Prepared(obj, ident, values, refs)
+
+
+_SYSTEM_COLUMNS = frozenset({"id", "createddate", "lastmodifieddate", "isdeleted"})
+
+
+def _field_target(
+    obj: CatalogObject,
+    cols: dict[str, tuple[FieldSpec, str]],
+    mapping: dict[str, str],
+    raw_name: str,
+) -> tuple[FieldSpec, str] | None:
+    """(field, column) an event field writes, after ``mapping`` (lower-cased
+    event name -> field); ``None`` for a system column (the CRM's own: Id,
+    CreatedDate, LastModifiedDate, IsDeleted, ignored). ``Name`` and
+    ``OwnerId`` are :data:`NAME_FIELD` / :data:`OWNER_FIELD`. Raises
+    ``FlowError('mapping')`` when the object has no such field."""
+    name = mapping.get(raw_name.lower(), raw_name)
+    lower = name.lower()
+    if lower == "name":
+        return NAME_FIELD, "Name"
+    if lower == "ownerid":
+        return OWNER_FIELD, "OwnerId"
+    if lower in _SYSTEM_COLUMNS:
+        return None
+    spec = cols.get(lower)
+    if spec is None:
+        raise FlowError(
+            "mapping", f"{obj.api_name} has no field {name} (event field {raw_name})",
+            retriable=False,
+        )  # fmt: skip
+    return spec
+
+
+def field_problems(
+    catalog: Catalog,
+    sobject: str,
+    fields: dict[str, Any],
+    *,
+    destination_object: str | None = None,
+    field_map: dict[str, str] | None = None,
+) -> list[str]:
+    """Every reason the ``upsert_record`` flow would refuse these fields, before any I/O.
+
+    ``fields`` is an event payload's ``fields`` (name -> JSON value; a
+    lookup's value is the parent's remote id); the destination is
+    ``destination_object`` or ``sobject``, names go through ``field_map``
+    as in :func:`upsert_record`. Each problem reads ``object X is not
+    installed``, ``field F: X has no field F`` or ``field F: value <reason>``
+    (:func:`nexuscrm.fieldvalues.stored_value`), in field order. Raises
+    nothing. Port of no seed function (the seed's mapping is not in 000_*).
+    """
+    name = destination_object or sobject
+    obj = catalog.get(name)
+    if obj is None or not obj.has_table:
+        return [f"object {name} is not installed"]
+    cols = _columns_cached(obj)
+    mapping = {k.lower(): v for k, v in (field_map or {}).items()}
+    problems: list[str] = []
+    for raw_name, value in fields.items():
+        try:
+            spec = _field_target(obj, cols, mapping, str(raw_name))
+        except FlowError as exc:
+            problems.append(f"field {raw_name}: {exc}")
+            continue
+        if spec is not None:
+            reason = value_problem(spec[0], value)
+            if reason is not None:
+                problems.append(f"field {raw_name}: value {reason}")
+    return problems
 
 
 def _resolve(prepared: _Prepared, lookup: Callable[[RemoteIdentity], str | None]) -> dict[str, Any]:
@@ -352,8 +411,10 @@ def upsert_record(
     "references": {lookup field: remote id of the parent}}``. Field names are
     matched case-insensitively against the destination's columns (after
     ``field_map``); ``Name`` falls back to FirstName + LastName, then the
-    remote id. Raises ``FlowError``: ``mapping`` (unknown object, field or
-    bad value; not retriable), ``DependencyUnresolved`` (a lookup's parent
+    remote id. Raises ``FlowError``: ``mapping`` (unknown object or field;
+    not retriable), ``value-invalid`` (a value that does not fit its field,
+    :func:`nexuscrm.fieldvalues.stored_value`, or a remote id over 128
+    characters; not retriable, nothing written), ``DependencyUnresolved`` (a lookup's parent
     has no remote link yet; retriable) or ``IdentityConflict`` (its link names
     a record that is gone; not retriable). A newly finalized remote link is
     appended to ``created`` (the caller wakes its waiters after commit).

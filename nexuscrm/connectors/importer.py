@@ -36,10 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nexuscrm.catalog import Catalog
 from nexuscrm.connectors.eventfile import EventFileError, load_json_file
+from nexuscrm.connectors.flows import field_problems
 from nexuscrm.connectors.queue import EnqueueRequest
 from nexuscrm.db import tables as t
 from nexuscrm.errors import FatalError, ManifestError
+from nexuscrm.fieldvalues import MAX_REMOTE_ID_CHARS
+from nexuscrm.inputs import kind_of
+from nexuscrm.packs.model import InboundRoute, PackManifest
 
 DEFAULT_NAMESPACE = "salesforce"
 DEFAULT_EVENT_KIND = "salesforce.record.upsert"
@@ -55,6 +60,34 @@ class DataPlanError(ManifestError):
     def __init__(self, path: str, message: str) -> None:
         FatalError.__init__(self, f"data file {path}: {message}")
         self.pack = path
+
+
+_PROBLEMS_SHOWN = 50
+
+
+class DataPlanProblems(DataPlanError):
+    """Every problem of the data plans at once, each ``(file, message)``.
+
+    One problem reads as :class:`DataPlanError` (``data file <path>:
+    <reason>``); more are listed one a line, grouped by file in the order
+    found (at most 50 shown, then how many more). Nothing of the plans is
+    enqueued.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        if len(problems) == 1:
+            DataPlanError.__init__(self, *problems[0])
+            return
+        shown = [f"data file {path}: {message}" for path, message in problems[:_PROBLEMS_SHOWN]]
+        if len(problems) > _PROBLEMS_SHOWN:
+            shown.append(f"and {len(problems) - _PROBLEMS_SHOWN} more")
+        FatalError.__init__(
+            self,
+            f"{len(problems)} problems in the data plans, nothing enqueued:\n  "
+            + "\n  ".join(shown),
+        )
+        self.pack = problems[0][0]
 
 
 # Failure class of a record refused at import: an ``@ref`` that names no
@@ -95,6 +128,12 @@ class _PlanRecord:
     fields: dict[str, Any]
     resolve_refs: bool
     file: Path
+    index: int = 0
+
+    @property
+    def where(self) -> str:
+        """``record <index> (<referenceId>)``: the record in its file's terms."""
+        return f"record {self.index} ({self.reference_id[:60]})"
 
 
 def _load_json(path: Path) -> Any:
@@ -123,34 +162,67 @@ def _file_name_problem(path: Path) -> str | None:
     return None
 
 
-def _plan_entries(plan_path: Path, plan: Any) -> list[tuple[str | None, bool, list[Path]]]:
-    """(sobject, resolveRefs, data files) of each plan entry, in plan order."""
+def _plan_entries(
+    plan_path: Path, plan: Any, problems: list[tuple[str, str]]
+) -> list[tuple[str, bool, list[Path]]]:
+    """(sobject, resolveRefs, data files) of each usable plan entry, in plan order.
+
+    Every problem of the plan is appended to ``problems`` as ``(plan path,
+    message)``: not a list, an entry not an object, ``sobject`` missing or
+    not a string, ``files`` not a non-empty list of strings, a file name the
+    file system cannot look up, an absolute name or one that leads out of
+    the plan's folder (``..``, a symlink; as sfdx-project.json refuses
+    package directories outside the project), ``resolveRefs`` not boolean.
+    """
+    where_plan = str(plan_path)
     if not isinstance(plan, list):
-        raise DataPlanError(str(plan_path), "a data plan must be a JSON array of entries")
-    entries: list[tuple[str | None, bool, list[Path]]] = []
+        problems.append((where_plan, "a data plan must be a JSON array of entries"))
+        return []
+    folder = plan_path.parent
+    entries: list[tuple[str, bool, list[Path]]] = []
     for i, entry in enumerate(plan):
         where = f"entry {i}"
         if not isinstance(entry, dict):
-            raise DataPlanError(str(plan_path), f"{where}: must be an object")
+            problems.append((where_plan, f"{where}: must be an object, not {kind_of(entry)}"))
+            continue
+        found = len(problems)
         sobject = entry.get("sobject")
-        if sobject is not None and not isinstance(sobject, str):
-            raise DataPlanError(str(plan_path), f"{where}: 'sobject' must be a string")
+        if sobject is None:
+            problems.append((where_plan, f"{where}: missing 'sobject' (the object of its records)"))
+        elif not isinstance(sobject, str):
+            problems.append(
+                (where_plan, f"{where}: 'sobject' must be a string, not {kind_of(sobject)}")
+            )
+        elif not sobject:
+            problems.append((where_plan, f"{where}: 'sobject' is empty"))
+        else:
+            where = f"{where} ({sobject})"
         files = entry.get("files")
         if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
-            raise DataPlanError(
-                str(plan_path), f"{where} ({sobject}): 'files' must be a non-empty list of names"
-            )
+            problems.append((where_plan, f"{where}: 'files' must be a non-empty list of names"))
+            files = []
         for name in files:
-            problem = _file_name_problem(plan_path.parent / name)
+            problem = _file_name_problem(folder / name) or _outside_problem(folder, name)
             if problem:
-                raise DataPlanError(
-                    str(plan_path), f"{where} ({sobject}): file {name[:80]!r}: {problem}"
-                )
+                problems.append((where_plan, f"{where}: file {name[:80]!r}: {problem}"))
         resolve = entry.get("resolveRefs", False)
         if not isinstance(resolve, bool):
-            raise DataPlanError(str(plan_path), f"{where} ({sobject}): 'resolveRefs' not boolean")
-        entries.append((sobject, resolve, [plan_path.parent / f for f in files]))
+            problems.append((where_plan, f"{where}: 'resolveRefs' must be true or false"))
+        if len(problems) == found and isinstance(sobject, str):
+            entries.append((sobject, bool(resolve), [folder / f for f in files]))
     return entries
+
+
+def _outside_problem(folder: Path, name: str) -> str | None:
+    """Why the data file ``name`` of a plan in ``folder`` is not the plan's own:
+    an absolute path, or one that leads out of the folder (``..``, a symlink)."""
+    if Path(name).is_absolute():
+        return "an absolute path; name data files relative to the plan's folder"
+    try:
+        inside = (folder / name).resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"not a usable file name: {exc}"
+    return None if inside else "points outside the plan's folder"
 
 
 MAX_FIELD_VALUE_CHARS = 131_072
@@ -160,7 +232,6 @@ JSON text."""
 MAX_RECORD_BYTES = 1024 * 1024
 """Largest data-plan record (bytes of its fields as UTF-8 JSON): the largest
 event payload, as for a line of ``events enqueue``."""
-_SIZE_PROBLEMS_SHOWN = 20
 
 
 def _size_problems(path: Path, records: list[_PlanRecord]) -> list[str]:
@@ -172,55 +243,78 @@ def _size_problems(path: Path, records: list[_PlanRecord]) -> list[str]:
             size = len(value) if isinstance(value, str) else len(json.dumps(value))
             if size > MAX_FIELD_VALUE_CHARS:
                 problems.append(
-                    f"record {rec.reference_id}: field {name} has {size:,} characters, over "
+                    f"{rec.where}: field {name} has {size:,} characters, over "
                     f"the limit of {MAX_FIELD_VALUE_CHARS:,}"
                 )
         total = len(json.dumps(rec.fields, ensure_ascii=False).encode("utf-8"))
         if total > MAX_RECORD_BYTES:
             problems.append(
-                f"record {rec.reference_id}: {total:,} bytes, over the limit of "
+                f"{rec.where}: {total:,} bytes, over the limit of "
                 f"{MAX_RECORD_BYTES:,} bytes a record"
             )
     return problems
 
 
-def _read_records(path: Path, sobject: str | None, resolve: bool) -> list[_PlanRecord]:
-    """The records of one SObject tree file, validated.
+def _read_records(
+    path: Path, sobject: str, resolve: bool, problems: list[tuple[str, str]]
+) -> list[_PlanRecord]:
+    """The well-formed records of one SObject tree file.
 
-    Raises ``DataPlanError`` naming the file: a malformed record (the first),
-    or every record and field value over its size limit
-    (:data:`MAX_RECORD_BYTES`, :data:`MAX_FIELD_VALUE_CHARS`) at once.
+    Appends every problem of the file to ``problems`` as ``(path,
+    message)``: unreadable or invalid JSON (then nothing else), not an
+    object with a ``records`` array, each malformed record (not an object,
+    ``attributes`` missing, ``type`` or ``referenceId`` missing or not a
+    string, a type other than the entry's), each record and field value over
+    its size limit (:data:`MAX_RECORD_BYTES`, :data:`MAX_FIELD_VALUE_CHARS`).
     """
-    doc = _load_json(path)
+    where_file = str(path)
+    try:
+        doc = _load_json(path)
+    except DataPlanError as exc:
+        problems.append((where_file, str(exc).removeprefix(f"data file {path}: ")))
+        return []
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        raise DataPlanError(str(path), "expected an object with a 'records' array")
+        problems.append((where_file, "expected an object with a 'records' array"))
+        return []
     out: list[_PlanRecord] = []
     for i, rec in enumerate(doc["records"]):
         where = f"record {i}"
         if not isinstance(rec, dict):
-            raise DataPlanError(str(path), f"{where}: must be an object")
+            problems.append((where_file, f"{where}: must be an object, not {kind_of(rec)}"))
+            continue
         attrs = rec.get("attributes")
         if not isinstance(attrs, dict):
-            raise DataPlanError(str(path), f"{where}: missing 'attributes'")
+            problems.append((where_file, f"{where}: missing 'attributes'"))
+            continue
         rtype = attrs.get("type")
         ref = attrs.get("referenceId")
-        if not isinstance(rtype, str) or not rtype:
-            raise DataPlanError(str(path), f"{where}: missing attributes.type")
-        if not isinstance(ref, str) or not ref:
-            raise DataPlanError(str(path), f"{where} ({rtype}): missing attributes.referenceId")
-        if sobject is not None and rtype != sobject:
-            raise DataPlanError(
-                str(path), f"{where} ({ref}): type {rtype} but the plan entry is {sobject}"
+        bad = len(problems)
+        if rtype is None or rtype == "":
+            problems.append((where_file, f"{where}: missing attributes.type"))
+        elif not isinstance(rtype, str):
+            problems.append(
+                (where_file, f"{where}: attributes.type must be a string, not {kind_of(rtype)}")
             )
+        else:
+            where = f"{where} ({rtype})"
+        if ref is None or ref == "":
+            problems.append((where_file, f"{where}: missing attributes.referenceId"))
+        elif not isinstance(ref, str):
+            problems.append(
+                (
+                    where_file,
+                    f"{where}: attributes.referenceId must be a string, not {kind_of(ref)}",
+                )
+            )
+        elif isinstance(rtype, str) and rtype and rtype != sobject:
+            problems.append(
+                (where_file, f"{where} ({ref}): type {rtype} but the plan entry is {sobject}")
+            )
+        if len(problems) > bad:
+            continue
         fields = {k: v for k, v in rec.items() if k != "attributes"}
-        out.append(_PlanRecord(rtype, ref, fields, resolve, path))
-    too_big = _size_problems(path, out)
-    if too_big:
-        more = len(too_big) - _SIZE_PROBLEMS_SHOWN
-        shown = "; ".join(too_big[:_SIZE_PROBLEMS_SHOWN]) + (
-            f"; and {more} more" if more > 0 else ""
-        )
-        raise DataPlanError(str(path), shown)
+        out.append(_PlanRecord(str(rtype), str(ref), fields, resolve, path, i))
+    problems.extend((where_file, p) for p in _size_problems(path, out))
     return out
 
 
@@ -282,6 +376,9 @@ def import_sfdx_plans(
     shuffle: bool = False,
     seed: int | None = None,
     queue_class: str = "default",
+    catalog: Catalog | None = None,
+    destination_object: str | None = None,
+    field_map: dict[str, str] | None = None,
 ) -> PlanImport:
     """One upsert event per record of the data plans, in order; refused records apart.
 
@@ -307,37 +404,61 @@ def import_sfdx_plans(
     plan names that does not exist refuses its entry's records (class
     ``missing-data-file``); records referencing them are then refused too.
 
+    With ``catalog`` (the installed objects; ``destination_object`` and
+    ``field_map`` of the route, :func:`upsert_route`) every record is checked
+    as the ``upsert_record`` flow will map it (:func:`flows.field_problems`):
+    the entry's object is installed, each field exists, each value fits its
+    field (kind, text length, number precision and scale:
+    :func:`nexuscrm.fieldvalues.stored_value`).
+
     Order: plan order (plans, entries, files, records); ``shuffle=True``
     permutes the events with ``random.Random(seed)``.
 
-    Raises ``DataPlanError`` naming the file for a missing plan, an
-    unreadable file, invalid JSON (``NaN``, ``Infinity`` and numbers out of
-    range included, named by record and field), a plan or record of the wrong
-    shape, a data file name the file system cannot look up (a NUL byte, too
-    long), a ``referenceId`` used twice, and a record whose type (over 128
-    characters) or event key (over 191) cannot be stored.
+    Raises ``DataPlanProblems`` (a ``DataPlanError``) listing every problem
+    of every plan and file at once, each naming its file (and entry, or
+    record index and referenceId, and field); nothing is returned to
+    enqueue: a missing plan, an unreadable file, invalid JSON (``NaN``,
+    ``Infinity`` and numbers out of range included), a plan entry or record
+    of the wrong shape (``sobject`` missing, ``referenceId`` not a string
+    ...), a data file name the file system cannot look up (a NUL byte, too
+    long), that is absolute or leads out of the plan's folder, a
+    ``referenceId`` used twice, a record whose type (over 128 characters),
+    event key (over 191) or remote id (over 128) cannot be stored, a record
+    or value over its size limit, and with ``catalog`` an object, field or
+    value the flow would refuse.
     """
+    problems: list[tuple[str, str]] = []
     records: list[_PlanRecord] = []
     seen: dict[str, Path] = {}
     missing: list[RefusedRecord] = []
     for plan_path in plan_paths:
         plan_path = Path(plan_path)
-        for sobject, resolve, files in _plan_entries(plan_path, _load_json(plan_path)):
+        try:
+            plan = _load_json(plan_path)
+        except DataPlanError as exc:
+            problems.append((str(plan_path), str(exc).removeprefix(f"data file {plan_path}: ")))
+            continue
+        for sobject, resolve, files in _plan_entries(plan_path, plan, problems):
+            obj = catalog.get(sobject) if catalog is not None else None
+            if catalog is not None and (obj is None or not obj.has_table):
+                problems.append(
+                    (str(plan_path), f"entry for {sobject}: object {sobject} is not installed")
+                )
             for path in files:
                 if not path.exists():
                     # The entry's records cannot be read: refused, the rest imported.
                     missing.append(
-                        RefusedRecord(path, sobject or "?", "(every record of the file)",
+                        RefusedRecord(path, sobject, "(every record of the file)",
                                       MISSING_DATA_FILE, f"named by {plan_path.name}, not found")
                     )  # fmt: skip
                     continue
-                for rec in _read_records(path, sobject, resolve):
+                for rec in _read_records(path, sobject, resolve, problems):
                     if rec.reference_id in seen:
-                        raise DataPlanError(
-                            str(path),
-                            f"duplicate referenceId {rec.reference_id!r} "
-                            f"(first defined in {seen[rec.reference_id].name})",
-                        )
+                        problems.append(
+                            (str(path), f"{rec.where}: duplicate referenceId {rec.reference_id!r} "
+                                        f"(first defined in {seen[rec.reference_id].name})")
+                        )  # fmt: skip
+                        continue
                     seen[rec.reference_id] = path
                     records.append(rec)
 
@@ -363,17 +484,32 @@ def import_sfdx_plans(
                         "resolveRefs: it can never resolve"
                     )
             fields[key] = value
+        remote_id = remote(rec.reference_id)
+        key = f"{rec.sobject}:{remote_id}:{_digest(rec)}"
+        too_long = _event_key_problem(rec.sobject, key)
+        if too_long:
+            problems.append((str(rec.file), f"{rec.where}: {too_long}"))
+        elif len(remote_id) > MAX_REMOTE_ID_CHARS:
+            problems.append(
+                (str(rec.file), f"{rec.where}: the remote id '<scope>.<referenceId>' has "
+                                f"{len(remote_id):,} characters, over the limit of "
+                                f"{MAX_REMOTE_ID_CHARS}")
+            )  # fmt: skip
+        obj = catalog.get(rec.sobject) if catalog is not None else None
+        if catalog is not None and obj is not None and obj.has_table:
+            problems.extend(
+                (str(rec.file), f"{rec.where}: {p}")
+                for p in field_problems(
+                    catalog, rec.sobject, fields, destination_object=destination_object,
+                    field_map=field_map,
+                )
+            )  # fmt: skip
         if problem is not None:
             out.refused.append(
                 RefusedRecord(rec.file, rec.sobject, rec.reference_id, UNRESOLVABLE_REFERENCE,
                               problem)
             )  # fmt: skip
             continue
-        remote_id = remote(rec.reference_id)
-        key = f"{rec.sobject}:{remote_id}:{_digest(rec)}"
-        too_long = _event_key_problem(rec.sobject, key)
-        if too_long:
-            raise DataPlanError(str(rec.file), f"record {rec.reference_id[:60]!r}: {too_long}")
         out.events.append(
             EnqueueRequest(
                 installed_pack_id=installed_pack_id,
@@ -393,9 +529,28 @@ def import_sfdx_plans(
                 target_remote_id=remote_id,
             )
         )
+    if problems:
+        raise DataPlanProblems(problems)
     if shuffle:
         random.Random(seed).shuffle(out.events)
     return out
+
+
+def upsert_route(pack: PackManifest, event_kind: str = DEFAULT_EVENT_KIND) -> InboundRoute | None:
+    """The route (version 1) of ``pack`` that runs the plan's events through the
+    local ``upsert_record`` flow, or ``None`` (a webhook or handoff route, or
+    none): its ``destination_object`` and ``field_map`` are what
+    :func:`import_sfdx_plans` checks the records' fields against."""
+    kind = event_kind.strip().lower()
+    for route in pack.inbound_routes:
+        if (
+            route.event_kind == kind
+            and route.route_version == 1
+            and route.invocation_mode == "flow"
+            and route.flow == "upsert_record"
+        ):
+            return route
+    return None
 
 
 def events_from_sfdx_plan(

@@ -24,7 +24,7 @@ from rich.table import Table
 from sqlalchemy import text as sa_text
 
 from nexuscrm.connectors import queue
-from nexuscrm.connectors.importer import import_sfdx_plans, project_plans
+from nexuscrm.connectors.importer import import_sfdx_plans, project_plans, upsert_route
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -43,7 +43,7 @@ from nexusctl.cli.common import (
     sources,
 )
 from nexusctl.cli.controlplane import run_operation
-from nexusctl.cli.events import connector_pack
+from nexusctl.cli.events import connector_pack, installed_catalog
 from nexusctl.cli.render import (
     console,
     end_live_output,
@@ -358,9 +358,13 @@ def demo_sync(
         engine = open_engine(settings)
         row = connector_pack(settings, "salesforce-sync")
         console.print("data plans, in order: " + ", ".join(p.name for p in plans))
+        route = upsert_route(row.pack)
         imported = import_sfdx_plans(
             plans, installed_pack_id=row.install_id, namespace=row.namespace,
             shuffle=shuffle, seed=seed, scope=project.name,
+            catalog=installed_catalog(settings) if route else None,
+            destination_object=route.destination_object if route else None,
+            field_map=route.field_map if route else None,
         )  # fmt: skip
         for refused in imported.refused:
             warn(f"record refused, not synced: {refused}")

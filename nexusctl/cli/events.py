@@ -11,9 +11,15 @@ from typing import Annotated
 
 import typer
 
+from nexuscrm.catalog import Catalog, load_catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.eventfile import EventFileError, read_event_file
-from nexuscrm.connectors.importer import RefusedRecord, import_sfdx_plans, project_scope
+from nexuscrm.connectors.importer import (
+    RefusedRecord,
+    import_sfdx_plans,
+    project_scope,
+    upsert_route,
+)
 from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_connector_packs
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
@@ -34,6 +40,12 @@ def connector_pack(settings: Settings, name: str) -> ConnectorPackRow:
             return row
     installed = ", ".join(r.namespace for r in list_connector_packs(engine)) or "none"
     fail(f"connector pack {name!r} is not installed and active (installed: {installed})")
+
+
+def installed_catalog(settings: Settings) -> Catalog:
+    """The installed objects and fields (what a data plan's records are checked against)."""
+    with require_engine(settings).connect() as conn:
+        return load_catalog(conn)
 
 
 async def _wake(settings: Settings, install_id: str) -> None:
@@ -88,16 +100,22 @@ def events_import_sfdx_data(
 ) -> None:
     """Turn Salesforce DX data plans (sample-data-plan.json) into inbound events.
 
-    Records whose ``@ref`` cannot resolve are listed (class
-    unresolvable-reference) and not enqueued; the rest are, then the
-    command exits 1 when any was refused.
+    Every problem of every plan and data file (shape, paths outside the
+    plan's folder, objects, fields and values the installed catalog cannot
+    store) is listed at once and nothing is enqueued. Records whose ``@ref``
+    cannot resolve are listed (class unresolvable-reference) and not
+    enqueued; the rest are, then the command exits 1 when any was refused.
     """
     settings = load_settings()
     row = connector_pack(settings, pack)
+    route = upsert_route(row.pack)
     try:
         result = import_sfdx_plans(
             plans, installed_pack_id=row.install_id, namespace=row.namespace, shuffle=shuffle,
             seed=seed, scope=scope or project_scope(plans[0]),
+            catalog=installed_catalog(settings) if route else None,
+            destination_object=route.destination_object if route else None,
+            field_map=route.field_map if route else None,
         )  # fmt: skip
     except NexusError as exc:
         fail(str(exc))

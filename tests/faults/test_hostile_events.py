@@ -225,8 +225,56 @@ async def test_import_sfdx_data_refuses_hostile_plans_with_one_clear_error(
     cases = dict(PLAN_CASES)
     cases["integer referenceId"] = (
         json.dumps([{"sobject": "Account", "files": ["records.json"]}]).encode(),
-        ["records.json", "referenceId"],
+        ["records.json", "record 0 (Account): attributes.referenceId must be a string, not a"],
     )
+    (tmp_path / "bad-values.json").write_text(
+        json.dumps({"records": [
+            {"attributes": {"type": "Account", "referenceId": "A1"}, "Name": {"a": 1}},
+            {"attributes": {"type": "Account", "referenceId": "A2"}, "Name": "x" * 300,
+             "Nope__c": 1},
+        ]})
+    )  # fmt: skip
+    (tmp_path / "ghosts.json").write_text(
+        json.dumps({"records": [{"attributes": {"type": "Ghost__c", "referenceId": "G1"}}]})
+    )
+    (tmp_path / "shapeless.json").write_text(
+        json.dumps({"records": [{"Name": "x"}, {"attributes": {"type": "Account"}}]})
+    )
+    (tmp_path / "one.json").write_text("[1]")
+    (tmp_path.parent / "outside.json").write_text(
+        json.dumps({"records": [{"attributes": {"type": "Account", "referenceId": "O1"}}]})
+    )
+    cases.update({
+        "no sobject": (
+            json.dumps([{"files": ["ghosts.json"]}]).encode(), ["entry 0: missing 'sobject'"]
+        ),
+        "absolute file": (
+            json.dumps([{"sobject": "Account", "files": ["/etc/passwd"]}]).encode(),
+            ["entry 0 (Account): file '/etc/passwd': an absolute path"],
+        ),
+        "file outside the plan's folder": (
+            json.dumps([{"sobject": "Account", "files": ["../outside.json"]}]).encode(),
+            ["entry 0 (Account): file '../outside.json': points outside the plan's folder"],
+        ),
+        "unknown sobject": (
+            json.dumps([{"sobject": "Ghost__c", "files": ["ghosts.json"]}]).encode(),
+            ["entry for Ghost__c: object Ghost__c is not installed"],
+        ),
+        "values that do not fit": (
+            json.dumps([{"sobject": "Account", "files": ["bad-values.json"]}]).encode(),
+            ["bad-values.json: record 0 (A1): field Name: value is an object",
+             "bad-values.json: record 1 (A2): field Name: value has 300 characters; the "
+             "field holds at most 255",
+             "bad-values.json: record 1 (A2): field Nope__c: Account has no field Nope__c",
+             "nothing enqueued"],
+        ),
+        "every problem of every file": (
+            json.dumps([{"sobject": "Account", "files": ["shapeless.json", "one.json"]}]).encode(),
+            ["shapeless.json: record 0: missing 'attributes'",
+             "shapeless.json: record 1 (Account): missing attributes.referenceId",
+             "one.json: expected an object with a 'records' array"],
+        ),
+    })  # fmt: skip
     twice = tmp_path / "twice.json"
     twice.write_text('{"records": [{"attributes": {"type": "Account"}, "Name": "A", "Name": "B"}]}')
     cases["duplicate key in a records file"] = (
@@ -237,7 +285,8 @@ async def test_import_sfdx_data_refuses_hostile_plans_with_one_clear_error(
         plan = tmp_path / f"{name.replace(' ', '_')}.json"
         plan.write_bytes(data)
         res = await invoke_async(["events", "import-sfdx-data", str(plan)], env)
-        missing = [e for e in expected if e not in res.output]
+        output = " ".join(res.output.split())
+        missing = [e for e in expected if e not in output]
         if res.exit_code != 1 or missing or "Traceback" in res.output:
             failures.append(f"{name}: exit {res.exit_code}, missing {missing}\n{res.output[:400]}")
     res = await invoke_async(["events", "import-sfdx-data", "/dev/zero"], env)

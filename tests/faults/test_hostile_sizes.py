@@ -67,13 +67,19 @@ async def test_data_plan_with_oversized_values_and_records_is_refused_whole(
     assert not _crashed(res) and "Traceback" not in res.output, res.output
     assert "gone away" not in res.output
     assert f"data file {data}:" in res.output
+    output = " ".join(res.output.split())
     assert (
-        f"record AccountRef2: field Name has {BIG:,} characters, over the limit of "
-        f"{MAX_FIELD_VALUE_CHARS:,}" in res.output
+        f"record 1 (AccountRef2): field Name has {BIG:,} characters, over the limit of "
+        f"{MAX_FIELD_VALUE_CHARS:,}" in output
     )
-    assert "record AccountRef4: 1,2" in res.output  # 12 x 100,000 bytes and keys
-    assert f"over the limit of {MAX_RECORD_BYTES:,} bytes a record" in res.output
-    assert "AccountRef3" not in res.output and "AccountRef1" not in res.output
+    assert "record 3 (AccountRef4): 1,2" in output  # 12 x 100,000 bytes and keys
+    assert f"over the limit of {MAX_RECORD_BYTES:,} bytes a record" in output
+    # At the size limit, but over Account.Description's own length (32,000).
+    assert (
+        f"record 2 (AccountRef3): field Description: value has {MAX_FIELD_VALUE_CHARS:,} "
+        "characters; the field holds at most 32,000" in output
+    )
+    assert "AccountRef1" not in output
     assert _events(engine) == 0  # nothing half-enqueued
 
 
