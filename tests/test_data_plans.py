@@ -274,6 +274,7 @@ def write_value_app(path: Path) -> Path:
                     {"api_name": "Score__c", "type": "Number", "precision": 2, "scale": 0},
                     {"api_name": "Amount__c", "type": "Number", "precision": 18, "scale": 2},
                     {"api_name": "Notes__c", "type": "LongTextArea", "length": 500},
+                    {"api_name": "Boss__c", "type": "Lookup", "reference_to": "Broker__c"},
                 ],
             },
         ],
@@ -289,6 +290,11 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "precision": ({"Score__c": 123456789}, "Broker__c.Score__c: value 123456789 is out of range"),
     "huge": ({"Amount__c": 1e300}, "Broker__c.Amount__c: value 1e+300 is out of range"),
     "long text": ({"Notes__c": "n" * 1000}, "Broker__c.Notes__c: value has 1,000 characters"),
+    # Fails at once, never blocked first on a parent that is not linked.
+    "and a parent": (
+        {"Boss__c": "nobody", "Title__c": "x" * 81},
+        "Broker__c.Title__c: value has 81 characters",
+    ),
 }
 
 

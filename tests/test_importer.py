@@ -304,7 +304,7 @@ def test_values_that_do_not_fit_their_field_are_refused_all_at_once(tmp_path: Pa
 def test_unknown_object_is_refused_at_import(tmp_path: Path) -> None:
     plan = write_plan(tmp_path, {"x.json": {"records": [rec("Ghost__c", "G1", Name="g")]}})
     message = problems_of(plan, catalog=broker_catalog())
-    assert f"data file {plan}: entry for Ghost__c: object Ghost__c is not installed" in message
+    assert f"data file {plan}: entry 0 (Ghost__c): object Ghost__c is not installed" in message
 
 
 def test_every_problem_of_every_file_and_plan_at_once(tmp_path: Path) -> None:

@@ -239,7 +239,9 @@ def _prepare(
     destination_object: str | None,
     field_map: dict[str, str] | None,
 ) -> _Prepared:
-    """Map one event (no I/O); raises FlowError('mapping') for what needs no lookup."""
+    """Map one event (no I/O); raises FlowError('mapping') for what needs no lookup
+    and ``value-invalid`` at once for a value that does not fit its field (even
+    after a lookup whose parent is not linked yet: waiting could not help)."""
     sobject = destination_object or payload.get("sobject")
     remote_id = payload.get("remote_id")
     if not sobject or not remote_id:
@@ -290,6 +292,8 @@ def _prepare(
                 continue
             values[col] = _coerce(obj.api_name, f, col, value)
     except FlowError as exc:
+        if exc.failure_class == VALUE_INVALID:
+            raise  # terminal whatever its parents: fail now, never wait on one first
         return _Prepared(obj, ident, values, refs, exc)
     if not values.get("Name"):
         first, last = fields.get("FirstName"), fields.get("LastName")

@@ -75,6 +75,10 @@ class DataPlanProblems(DataPlanError):
     """
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
+        order: dict[str, int] = {}
+        for path, _message in problems:
+            order.setdefault(path, len(order))
+        problems = sorted(problems, key=lambda p: order[p[0]])  # stable: grouped by file
         self.problems = problems
         if len(problems) == 1:
             DataPlanError.__init__(self, *problems[0])
@@ -164,8 +168,8 @@ def _file_name_problem(path: Path) -> str | None:
 
 def _plan_entries(
     plan_path: Path, plan: Any, problems: list[tuple[str, str]]
-) -> list[tuple[str, bool, list[Path]]]:
-    """(sobject, resolveRefs, data files) of each usable plan entry, in plan order.
+) -> list[tuple[int, str, bool, list[Path]]]:
+    """(index, sobject, resolveRefs, data files) of each usable plan entry, in plan order.
 
     Every problem of the plan is appended to ``problems`` as ``(plan path,
     message)``: not a list, an entry not an object, ``sobject`` missing or
@@ -179,7 +183,7 @@ def _plan_entries(
         problems.append((where_plan, "a data plan must be a JSON array of entries"))
         return []
     folder = plan_path.parent
-    entries: list[tuple[str, bool, list[Path]]] = []
+    entries: list[tuple[int, str, bool, list[Path]]] = []
     for i, entry in enumerate(plan):
         where = f"entry {i}"
         if not isinstance(entry, dict):
@@ -209,7 +213,7 @@ def _plan_entries(
         if not isinstance(resolve, bool):
             problems.append((where_plan, f"{where}: 'resolveRefs' must be true or false"))
         if len(problems) == found and isinstance(sobject, str):
-            entries.append((sobject, bool(resolve), [folder / f for f in files]))
+            entries.append((i, sobject, bool(resolve), [folder / f for f in files]))
     return entries
 
 
@@ -438,11 +442,11 @@ def import_sfdx_plans(
         except DataPlanError as exc:
             problems.append((str(plan_path), str(exc).removeprefix(f"data file {plan_path}: ")))
             continue
-        for sobject, resolve, files in _plan_entries(plan_path, plan, problems):
+        for i, sobject, resolve, files in _plan_entries(plan_path, plan, problems):
             obj = catalog.get(sobject) if catalog is not None else None
             if catalog is not None and (obj is None or not obj.has_table):
                 problems.append(
-                    (str(plan_path), f"entry for {sobject}: object {sobject} is not installed")
+                    (str(plan_path), f"entry {i} ({sobject}): object {sobject} is not installed")
                 )
             for path in files:
                 if not path.exists():

@@ -258,7 +258,7 @@ async def test_import_sfdx_data_refuses_hostile_plans_with_one_clear_error(
         ),
         "unknown sobject": (
             json.dumps([{"sobject": "Ghost__c", "files": ["ghosts.json"]}]).encode(),
-            ["entry for Ghost__c: object Ghost__c is not installed"],
+            ["entry 0 (Ghost__c): object Ghost__c is not installed"],
         ),
         "values that do not fit": (
             json.dumps([{"sobject": "Account", "files": ["bad-values.json"]}]).encode(),
