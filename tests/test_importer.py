@@ -342,3 +342,56 @@ def test_every_problem_of_every_file_and_plan_at_once(tmp_path: Path) -> None:
         f"{plan2}: a data plan must be a JSON array of entries",
     ]:
         assert f"data file {line}" in message, (line, message)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "stored"),
+    [
+        ("Amount__c", "12.345", "12.35"),  # rounded half up to the scale
+        ("Amount__c", 0.005, "0.01"),
+        ("Score__c", "99", "99"),
+        ("Active__c", "No", False),
+        ("Active__c", 1, True),
+        ("Title__c", 7, "7"),
+        ("Title__c", True, "true"),
+        ("Title__c", "", None),
+    ],
+)
+def test_stored_values(field: str, value: Any, stored: Any) -> None:
+    from decimal import Decimal
+
+    from nexuscrm.fieldvalues import stored_value
+
+    spec = next(f for f in broker_catalog().get("Broker__c").fields if f.api_name == field)
+    got = stored_value(spec, value)
+    assert (str(got) if isinstance(got, Decimal) else got) == stored
+
+
+def test_the_flow_fails_a_value_that_does_not_fit_before_any_io() -> None:
+    """``value-invalid`` at once, naming Object.Field and why, for the record's
+    own remote id over 128 characters and for a value, even beside a lookup
+    whose parent would block (no connection is ever touched)."""
+    from nexuscrm.connectors.flows import VALUE_INVALID, FlowError, upsert_record
+
+    cases = [
+        ({"sobject": "Broker__c", "remote_id": "r" * 129, "fields": {}}, "remote id has 129"),
+        ({"sobject": "Broker__c", "remote_id": "r1", "fields": {"Score__c": 100}},
+         "Broker__c.Score__c: value 100 is out of range"),
+        ({"sobject": "Broker__c", "remote_id": "r1", "fields": {"Name": ["a"]}},
+         "Broker__c.Name: value is a list"),
+    ]  # fmt: skip
+    for payload, message in cases:
+        with pytest.raises(FlowError) as info:
+            upsert_record(None, broker_catalog(), owner_key="o", namespace="n", payload=payload)  # type: ignore[arg-type]
+        assert info.value.failure_class == VALUE_INVALID and not info.value.retriable
+        assert message in str(info.value), str(info.value)
+
+
+def test_a_data_file_symlinked_out_of_the_plan_folder_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"records": [rec("Broker__c", "B1")]}))
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    (folder / "link.json").symlink_to(outside)
+    plan = write_plan(folder, {}, plan=[{"sobject": "Broker__c", "files": ["link.json"]}])
+    assert "file 'link.json': points outside the plan's folder" in problems_of(plan)
