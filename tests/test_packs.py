@@ -362,7 +362,7 @@ def test_sfdx_refuses_external_entities(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("stem", "xml", "pattern"),
     [
-        ("Bad_Name__c", _field_xml("Bad_Name__c", "<label>x</label>"), r"<type> is missing"),
+        ("Bad_Name__c", _field_xml("Bad_Name__c", "<label>x</label>"), r"<type>:? is missing"),
         (
             "No_Name__c",
             f'<?xml version="1.0"?><CustomField xmlns="{NS}"><type>Text</type></CustomField>',
@@ -1061,3 +1061,130 @@ def test_corpus_data_fields_exist() -> None:
                     if "__" not in sobject:
                         checked_standard.add(f"{sobject}.{key}")
     assert {"Contact.Email", "Account.BillingCity"} <= checked_standard
+
+
+# --- field attributes a field's type cannot have, and column sizes ----------------
+
+
+def test_sfdx_field_rules_are_all_listed_at_once_per_element(tmp_path: Path) -> None:
+    long_label = "x" * 100_000
+    root = _sfdx_project(
+        tmp_path / "app",
+        {
+            "Widget__c": {
+                "Amt__c": _field_xml(
+                    "Amt__c",
+                    "<fullName>Amt__c</fullName><type>Number</type><precision>5</precision>"
+                    f"<scale>7</scale><length>5</length><defaultValue>abc</defaultValue>"
+                    f"<label>{long_label}</label>",
+                ),
+                "T__c": _field_xml(
+                    "T__c",
+                    "<type>Text</type><length>10</length><referenceTo>Account</referenceTo>"
+                    "<summaryOperation>count</summaryOperation>",
+                ),
+                "C__c": _field_xml(
+                    "C__c", "<type>Checkbox</type><defaultValue>maybe</defaultValue>"
+                ),
+                "P__c": _field_xml(
+                    "P__c",
+                    "<type>Picklist</type><valueSet><valueSetDefinition>"
+                    "<value><fullName>X</fullName></value><value><fullName>X</fullName></value>"
+                    "</valueSetDefinition></valueSet>",
+                ),
+                "Big__c": _field_xml("Big__c", "<type>Number</type><precision>19</precision>"),
+                "Tx__c": _field_xml("Tx__c", "<type>Text</type><length>256</length>"),
+                "Lt__c": _field_xml("Lt__c", "<type>LongTextArea</type><length>100</length>"),
+            }
+        },
+    )
+    with pytest.raises(PackProblems) as exc:
+        load_sfdx(root)
+    got = {(Path(p.file).name, p.element) for p in exc.value.problems}
+    assert got >= {
+        ("Amt__c.field-meta.xml", "<fullName>"),
+        ("Amt__c.field-meta.xml", "<label>"),
+        ("Amt__c.field-meta.xml", "<length>"),
+        ("Amt__c.field-meta.xml", "<scale>"),
+        ("Amt__c.field-meta.xml", "<defaultValue>"),
+        ("T__c.field-meta.xml", "<referenceTo>"),
+        ("T__c.field-meta.xml", "<summaryOperation>"),
+        ("C__c.field-meta.xml", "<defaultValue>"),
+        ("P__c.field-meta.xml", "<valueSet>"),
+        ("Big__c.field-meta.xml", "<precision>"),
+        ("Tx__c.field-meta.xml", "<length>"),
+        ("Lt__c.field-meta.xml", "<length>"),
+    }, got
+    assert "at most 255 fit its column" in str(exc.value)
+
+
+def test_a_system_column_field_hides_no_other_problem_of_its_object(tmp_path: Path) -> None:
+    root = _sfdx_project(
+        tmp_path / "app",
+        {
+            "Property__c": {
+                "Id": _field_xml("Id", "<type>Text</type><length>10</length>"),
+                "Broker__c": _field_xml(
+                    "Broker__c", "<type>Lookup</type><referenceTo>1Bad</referenceTo>"
+                ),
+            },
+            "Broker__c": {"N__c": _field_xml("N__c", "<type>Text</type><length>10</length>")},
+        },
+    )
+    with pytest.raises(PackProblems) as exc:
+        load_sfdx(root)
+    text = str(exc.value)
+    assert "Id collides with the system column" in text, text
+    assert "Broker__c.field-meta.xml" in text and "<referenceTo>" in text, text
+    assert isinstance(exc.value.partial, PackManifest)
+    assert "Property__c" in {o.api_name for o in exc.value.partial.objects}
+
+
+def test_native_yaml_null_lists_mean_not_set_and_rules_apply(tmp_path: Path) -> None:
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "name: nulls\ncategory: AppPack\ndepends_on:\nobjects:\n"
+        "  - api_name: Thing__c\n    fields:\n"
+        "  - api_name: Other__c\n    fields:\n"
+        "      - {api_name: N__c, type: Number, precision: 5, scale: 7, length: 3,"
+        " picklist_values: [A]}\n"
+        "      - {api_name: P__c, type: Picklist, picklist_values: [X, X]}\n"
+    )
+    with pytest.raises(ManifestError) as exc:
+        load_native(path)
+    text = str(exc.value)
+    assert "valid tuple" not in text, text
+    for part in ("scale", "length", "picklist_values", "listed twice"):
+        assert part in text, text
+    path.write_text(
+        "name: nulls\ncategory: AppPack\nobjects:\n  - api_name: Thing__c\n    fields:\n"
+    )
+    assert load_native(path).objects[0].fields == ()
+
+
+def test_every_manifest_string_is_bounded_by_its_column() -> None:
+    with pytest.raises(ValueError, match="at most 255"):
+        ObjectSpec(api_name="A__c", label="x" * 256)
+    with pytest.raises(ValueError, match="65,535"):
+        FieldSpec(api_name="A__c", type=FieldType.Text, description="é" * 40_000)
+    with pytest.raises(ValueError, match="at most 64"):
+        PackManifest(name="a", category=Category.AppPack, version="1" * 65)
+    FieldSpec(api_name="A__c", type=FieldType.Number, default_value="TODAY() - 1")
+
+
+def test_missing_object_file_and_project_paths_say_what_is_wrong(tmp_path: Path) -> None:
+    root = tmp_path / "app"
+    root.mkdir()
+    (root / "f").write_text("x")
+    (root / "sfdx-project.json").write_text('{"packageDirectories": [{"path": "f"}]}')
+    with pytest.raises(PackProblems, match="is a file, not a folder"):
+        load_sfdx(root)
+    (root / "sfdx-project.json").write_text('{"packageDirectories": [{"path": 5}]}')
+    with pytest.raises(PackProblems, match="must be a string, not a number"):
+        load_sfdx(root)
+    with pytest.raises(ManifestError, match="not a folder nor a regular file"):
+        load_pack_source("/dev/null")
+    dashes = _sfdx_project(tmp_path / "---", {"A__c": {}})
+    with pytest.raises(PackProblems) as exc:
+        load_sfdx(dashes)
+    assert len(exc.value.problems) == 1, exc.value.problems

@@ -179,6 +179,14 @@ def _check(pack: PackManifest, state: PlanState, problems: list[Problem]) -> Non
                     f"object of package {o.package_namespace}: pack {provider} "
                     f"(namespace {o.package_namespace}) does not define it",
                 )
+            elif owner is None and o.api_name.endswith(("__c", "__mdt", "__e")):
+                # A custom object folder with fields but no object file.
+                add(
+                    o.api_name,
+                    None,
+                    f"the object file is missing: no {o.api_name}.object-meta.xml defines "
+                    f"this custom object (and no installed pack defines {o.api_name})",
+                )
             elif owner is None:
                 add(
                     o.api_name,

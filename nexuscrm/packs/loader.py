@@ -343,4 +343,9 @@ def load_pack_source(source: str | Path) -> PackManifest:
         )
     if path.is_file():
         return load_native(path)
+    if path.exists():
+        raise ManifestError(
+            str(path),
+            "unknown pack source: not a folder nor a regular file (a device, socket or pipe)",
+        )
     raise ManifestError(str(path), "unknown pack source: no such file or directory")

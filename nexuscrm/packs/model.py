@@ -7,11 +7,19 @@ source), so ordering, hashing and apply never care where it came from.
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Identifiers reach DDL, so they are validated here, before anything else sees them.
 # Salesforce API names: a letter, then letters/digits/underscores, no double
@@ -25,6 +33,54 @@ def validate_identifier(value: str, what: str) -> str:
     if not IDENTIFIER_RE.fullmatch(value) or "___" in value or value.endswith("_"):
         raise ValueError(f"{what} {value!r} is not a valid API name")
     return value
+
+
+# Column sizes of the metadata tables (``nexuscrm/db/tables.py``) a manifest's
+# strings are written to: every one is checked at load, naming the file and
+# field, so apply never fails with a bare "Data too long for column".
+LABEL_MAX_CHARS = 255
+"""``Label`` / ``PluralLabel`` of ``_System_Object`` and ``_System_Field`` (VARCHAR(255))."""
+NAME_MAX_CHARS = 128
+"""``RelationshipName`` and other name columns (VARCHAR(128))."""
+VERSION_MAX_CHARS = 64
+"""``_System_Pack.Version`` (VARCHAR(64))."""
+TEXT_COLUMN_MAX_BYTES = 65_535
+"""A TEXT column on MySQL/MariaDB (``Description``, ``DefaultValue``, ``Formula``,
+``PicklistValues`` as JSON, ``SummarySpec`` as JSON): bytes of UTF-8."""
+MDT_NAME_MAX_CHARS = 40
+"""A custom metadata record's ``DeveloperName`` (Salesforce's limit; its column's length)."""
+MAX_NUMBER_PRECISION = 18
+"""Salesforce's largest precision (total digits) of a Number, Currency or Percent."""
+MAX_TEXT_LENGTH = 255
+"""Salesforce's longest Text (and TextArea) field."""
+LONG_TEXT_LENGTH = (256, 131_072)
+"""Salesforce's length bounds of a LongTextArea / Html (rich text area) field."""
+
+
+def check_chars(value: str, limit: int) -> str:
+    """``value`` if it has at most ``limit`` characters; else ``ValueError``
+    saying how long it is and what the column holds."""
+    if len(value) > limit:
+        raise ValueError(f"is {len(value):,} characters long; at most {limit:,} fit its column")
+    return value
+
+
+def check_text_bytes(value: str | None, what: str = "") -> str | None:
+    """``value`` if its UTF-8 form fits a TEXT column (:data:`TEXT_COLUMN_MAX_BYTES`);
+    else ``ValueError`` giving its size (``what`` names a derived form, e.g. as JSON)."""
+    if value is not None:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > TEXT_COLUMN_MAX_BYTES:
+            raise ValueError(
+                f"is {size:,} bytes{what} of UTF-8; "
+                f"at most {TEXT_COLUMN_MAX_BYTES:,} fit its column"
+            )
+    return value
+
+
+def _none_is_absent(value: object, default: object) -> object:
+    """YAML ``key:`` with nothing after it (null) means the key is not set."""
+    return default if value is None else value
 
 
 class Category(StrEnum):
@@ -71,6 +127,34 @@ class FieldType(StrEnum):
     Location = "Location"
     AutoNumber = "AutoNumber"
     Summary = "Summary"
+
+
+_NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _is_expression(value: str) -> bool:
+    """True when a default value is a formula expression, not a bare literal
+    (it calls a function, reads a ``$`` global, or computes)."""
+    return any(c in value for c in "($+*/&<>=") or "-" in value.strip()[1:]
+
+
+def check_picklist(values: tuple[str, ...]) -> None:
+    """``ValueError`` for a blank value, a value over :data:`LABEL_MAX_CHARS`,
+    a value listed twice (case-insensitively, as Salesforce compares them), or
+    a list whose JSON does not fit its TEXT column."""
+    seen: set[str] = set()
+    twice: list[str] = []
+    for value in values:
+        if not value.strip():
+            raise ValueError("a picklist value is blank")
+        if len(value) > LABEL_MAX_CHARS:
+            raise ValueError(f"value {value[:40]!r}... is over {LABEL_MAX_CHARS} characters")
+        if value.lower() in seen and value not in twice:
+            twice.append(value)
+        seen.add(value.lower())
+    if twice:
+        raise ValueError(f"{', '.join(repr(x) for x in twice)} listed twice")
+    check_text_bytes(json.dumps(list(values)), " as JSON")
 
 
 TEXT_TYPES = frozenset(
@@ -175,10 +259,114 @@ class FieldSpec(BaseModel):
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "field api_name")
 
+    @field_validator("picklist_values", mode="before")
+    @classmethod
+    def _null_list(cls, v: object) -> object:
+        return _none_is_absent(v, ())
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        return check_chars(v, LABEL_MAX_CHARS)
+
+    @field_validator("description", "formula")
+    @classmethod
+    def _text_column(cls, v: str | None) -> str | None:
+        return check_text_bytes(v)
+
+    @field_validator("length")
+    @classmethod
+    def _length(cls, v: int | None, info: ValidationInfo) -> int | None:
+        t = info.data.get("type")
+        if v is None or t is None:
+            return v
+        if t not in TEXT_TYPES:
+            raise ValueError(f"a {t} field has no length")
+        if t in (FieldType.Text, FieldType.TextArea) and v > MAX_TEXT_LENGTH:
+            raise ValueError(f"{v} is over {MAX_TEXT_LENGTH}, the longest {t} field")
+        low, high = LONG_TEXT_LENGTH
+        if t in (FieldType.LongTextArea, FieldType.Html) and not low <= v <= high:
+            raise ValueError(f"{v} is not between {low:,} and {high:,}, the bounds of {t}")
+        return v
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, v: int | None, info: ValidationInfo) -> int | None:
+        t = info.data.get("type")
+        if v is None or t is None:
+            return v
+        if t not in NUMERIC_TYPES:
+            raise ValueError(f"a {t} field has no precision")
+        if v > MAX_NUMBER_PRECISION:
+            raise ValueError(f"{v} is over {MAX_NUMBER_PRECISION}, the most digits of a {t}")
+        return v
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: int | None, info: ValidationInfo) -> int | None:
+        t = info.data.get("type")
+        if v is None or t is None:
+            return v
+        if t not in NUMERIC_TYPES | {FieldType.Location}:
+            raise ValueError(f"a {t} field has no scale")
+        precision = info.data.get("precision")
+        if precision is not None and v > precision:
+            raise ValueError(f"{v} is more than the precision {precision} (digits in all)")
+        return v
+
+    @field_validator("default_value")
+    @classmethod
+    def _default(cls, v: str | None, info: ValidationInfo) -> str | None:
+        check_text_bytes(v)
+        t = info.data.get("type")
+        if v is None or t is None or _is_expression(v):
+            return v
+        if t == FieldType.Checkbox and v.strip().lower() not in ("true", "false"):
+            raise ValueError(f"{v!r} is not true or false (a Checkbox default)")
+        if t in NUMERIC_TYPES and not _NUMBER_RE.fullmatch(v.strip()):
+            raise ValueError(f"{v!r} is not a number (a {t} default)")
+        return v
+
     @field_validator("reference_to")
     @classmethod
-    def _reference_to(cls, v: str | None) -> str | None:
-        return None if v is None else validate_identifier(v, "reference_to")
+    def _reference_to(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        t = info.data.get("type")
+        if t is not None and t not in REFERENCE_TYPES:
+            raise ValueError(f"a {t} field references nothing (only Lookup and MasterDetail do)")
+        return validate_identifier(v, "reference_to")
+
+    @field_validator("relationship_name")
+    @classmethod
+    def _relationship_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        t = info.data.get("type")
+        if t is not None and t not in REFERENCE_TYPES:
+            raise ValueError(f"a {t} field has no relationship (only Lookup and MasterDetail do)")
+        return check_chars(v, NAME_MAX_CHARS)
+
+    @field_validator("picklist_values")
+    @classmethod
+    def _picklist(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if not v:
+            return v
+        t = info.data.get("type")
+        if t is not None and t not in (FieldType.Picklist, FieldType.MultiselectPicklist):
+            raise ValueError(f"a {t} field has no picklist values")
+        check_picklist(v)
+        return v
+
+    @field_validator("summary")
+    @classmethod
+    def _summary(cls, v: SummarySpec | None, info: ValidationInfo) -> SummarySpec | None:
+        t = info.data.get("type")
+        if v is not None and t is not None and t != FieldType.Summary:
+            raise ValueError(f"a {t} field has no roll-up summary (only a Summary field does)")
+        if v is not None:
+            check_text_bytes(v.model_dump_json(), " as JSON")
+        return v
 
     @model_validator(mode="after")
     def _shape(self) -> FieldSpec:
@@ -240,6 +428,27 @@ class FieldCustomization(BaseModel):
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "field api_name")
 
+    @field_validator("picklist_values", mode="before")
+    @classmethod
+    def _null_list(cls, v: object) -> object:
+        return _none_is_absent(v, ())
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        return check_chars(v, LABEL_MAX_CHARS)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        return check_text_bytes(v) or ""
+
+    @field_validator("picklist_values")
+    @classmethod
+    def _picklist(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        check_picklist(v)
+        return v
+
 
 class RecordSpec(BaseModel):
     """One custom metadata record (``customMetadata/<Type>.<Name>.md-meta.xml``).
@@ -255,6 +464,16 @@ class RecordSpec(BaseModel):
     developer_name: str
     label: str = ""
     values: dict[str, str | None] = Field(default_factory=dict)
+
+    @field_validator("developer_name")
+    @classmethod
+    def _developer_name(cls, v: str) -> str:
+        return check_chars(v, MDT_NAME_MAX_CHARS)
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        return check_chars(v, LABEL_MAX_CHARS)
 
 
 class ObjectSpec(BaseModel):
@@ -291,6 +510,21 @@ class ObjectSpec(BaseModel):
     @classmethod
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "object api_name")
+
+    @field_validator("fields", "customizations", "records", mode="before")
+    @classmethod
+    def _null_list(cls, v: object) -> object:
+        return _none_is_absent(v, ())
+
+    @field_validator("label", "plural_label", "name_field_label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        return check_chars(v, LABEL_MAX_CHARS)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        return check_text_bytes(v) or ""
 
     @model_validator(mode="after")
     def _unique_fields(self) -> ObjectSpec:
@@ -419,6 +653,18 @@ class PackManifest(BaseModel):
     callout_profiles: tuple[CalloutProfile, ...] = ()
     labels: tuple[CustomLabel, ...] = ()
     source: str = Field(default="", exclude=True)
+
+    @field_validator(
+        "depends_on", "objects", "inbound_routes", "callout_profiles", "labels", mode="before"
+    )
+    @classmethod
+    def _null_list(cls, v: object) -> object:
+        return _none_is_absent(v, ())
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        return check_chars(v, VERSION_MAX_CHARS)
 
     @field_validator("name")
     @classmethod

@@ -49,6 +49,7 @@ from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
 from nexuscrm.inputs import InputLimitError, kind_of, parse_document, read_capped
 from nexuscrm.packs.loader import format_validation_error
 from nexuscrm.packs.model import (
+    STANDARD_COLUMNS,
     Category,
     CustomLabel,
     FieldCustomization,
@@ -73,6 +74,7 @@ OBJECT_SUFFIX = ".object-meta.xml"
 DEFAULT_DEPENDS_ON = ("platform-core",)
 SFDX_DESCRIPTION = "Imported from Salesforce DX source"
 
+_SYSTEM_COLUMNS = frozenset(c.lower() for c in STANDARD_COLUMNS)
 _SKIP_DIRS = frozenset({"node_modules", "__pycache__"})
 _NAME_JUNK_RE = re.compile(r"[^a-z0-9._-]+")
 _NAME_DASHES_RE = re.compile(r"-{2,}")
@@ -173,13 +175,26 @@ def _read_project(root: Path) -> tuple[str | None, list[Path]]:
     resolved_root = root.resolve()
     dirs: list[Path] = []
     for i, entry in enumerate(entries):
-        rel = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(rel, str) or not rel.strip():
+        if not isinstance(entry, dict):
+            raise ManifestError(
+                str(project_file),
+                f"packageDirectories[{i}]: must be an object with a path, not {kind_of(entry)}",
+            )
+        rel = entry.get("path")
+        if rel is None:
             raise ManifestError(str(project_file), f"packageDirectories[{i}].path: missing")
+        if not isinstance(rel, str):
+            raise ManifestError(
+                str(project_file),
+                f"packageDirectories[{i}].path: must be a string, not {kind_of(rel)}",
+            )
+        if not rel.strip():
+            raise ManifestError(str(project_file), f"packageDirectories[{i}].path: is empty")
         try:
             pkg = (root / rel).resolve()
             outside = not pkg.is_relative_to(resolved_root)
             missing = outside or not pkg.is_dir()
+            not_dir = missing and pkg.exists()
         except (OSError, ValueError) as exc:  # a NUL byte, a name too long ...
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ManifestError(
@@ -190,6 +205,11 @@ def _read_project(root: Path) -> tuple[str | None, list[Path]]:
             raise ManifestError(
                 str(project_file),
                 f"packageDirectories[{i}].path: {rel!r} points outside the project",
+            )
+        if not_dir:
+            raise ManifestError(
+                str(project_file),
+                f"packageDirectories[{i}].path: {rel!r} is a file, not a folder",
             )
         if missing:
             raise ManifestError(
@@ -343,6 +363,9 @@ def _collect_folder(folder: Path, out: _Collected) -> None:
             continue
         try:
             item = _field_spec(field_file, standard_object=not is_custom)
+        except PackProblems as exc:
+            out.problems.extend(exc.problems)
+            continue
         except ManifestError as exc:
             out.fail(exc)
             continue
@@ -353,6 +376,16 @@ def _collect_folder(folder: Path, out: _Collected) -> None:
                     str(field_file),
                     "",
                     f"field {api_name}.{item.api_name} is also defined in {prior_path}",
+                )
+            )
+        elif isinstance(item, FieldSpec) and item.api_name.lower() in _SYSTEM_COLUMNS:
+            # Refused here, alone: the object and its other fields are still checked.
+            out.problems.append(
+                Problem(
+                    str(field_file),
+                    "<fullName>",
+                    f"{item.api_name} collides with the system column every object has "
+                    f"({', '.join(STANDARD_COLUMNS)}); rename the field",
                 )
             )
         elif isinstance(item, FieldCustomization):
@@ -575,7 +608,9 @@ def load_sfdx(root: Path, *, name: str | None = None, version: str = "1.0.0") ->
             )
     try:
         pack = PackManifest(
-            name=name or "",
+            # A name that could not be derived is already a problem; the
+            # placeholder keeps it from being reported twice.
+            name=name or "unnamed",
             category=Category.AppPack,
             version=version,
             description=SFDX_DESCRIPTION,

@@ -16,7 +16,7 @@ import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
 from pydantic import ValidationError
 
-from nexuscrm.errors import ManifestError
+from nexuscrm.errors import ManifestError, PackProblems, Problem, problem_from
 from nexuscrm.inputs import InputLimitError, read_capped
 from nexuscrm.packs.model import (
     SUMMARY_FILTER_OPERATIONS,
@@ -212,6 +212,28 @@ def is_standard_field(api_name: str) -> bool:
     return "__" not in api_name
 
 
+# Elements a field file holds at most once (``referenceTo`` may repeat on a
+# polymorphic standard field, ``summaryFilterItems`` on a roll-up).
+_SINGLE_ELEMENTS = frozenset(
+    {*_FIELD_ELEMENTS.values(), "inlineHelpText", "trackHistory", "picklist",
+     "summarizedField", "summaryForeignKey"} - {"referenceTo"}
+)  # fmt: skip
+
+
+def _repeated_elements(root: Element, path: Path) -> list[Problem]:
+    """A problem for each single-valued element the file repeats (which one
+    counts would be a guess)."""
+    counts: dict[str, int] = {}
+    for child in root:
+        tag = child.tag.removeprefix(f"{{{METADATA_NS}}}")
+        counts[tag] = counts.get(tag, 0) + 1
+    return [
+        Problem(str(path), f"<{tag}>", f"appears {n} times; a field has one")
+        for tag, n in counts.items()
+        if n > 1 and tag in _SINGLE_ELEMENTS
+    ]
+
+
 def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldCustomization:
     """Parse one field file.
 
@@ -221,27 +243,47 @@ def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldC
     ``MetadataRelationship`` becomes Text (255) holding the referenced API name,
     ``EncryptedText`` Text (stored as plain text).
 
-    Raises ``ManifestError`` naming the file and element.
+    Raises ``ManifestError`` naming the file and element when the file cannot
+    be read or parsed, else ``PackProblems`` with every problem of the file at
+    once (one per element: a repeated element, a bad type, number or boolean,
+    an attribute its type cannot have, a value too long for its column ...).
     """
     root = _parse_xml(path, "CustomField")
-    full_name = _required_text(root, "fullName", path)
+    problems = _repeated_elements(root, path)
+
+    def attempt(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ManifestError as exc:
+            problems.append(problem_from(exc))
+            return None
+
+    full_name = attempt(_required_text, root, "fullName", path)
     expected = path.name[: -len(FIELD_SUFFIX)]
-    if full_name != expected:
-        raise ManifestError(
-            str(path), f"<fullName> {full_name!r} does not match the file name {expected!r}"
+    if full_name is not None and full_name != expected:
+        problems.append(
+            Problem(
+                str(path),
+                "<fullName>",
+                f"{full_name!r} does not match the file name {expected!r}",
+            )
         )
-    try:
-        validate_identifier(full_name, "field api_name")
-    except ValueError as exc:
-        raise ManifestError(str(path), f"<fullName>: {exc}") from None
-    customization = standard_object and is_standard_field(full_name)
+        full_name = None
+    if full_name is not None:
+        try:
+            validate_identifier(full_name, "field api_name")
+        except ValueError as exc:
+            problems.append(Problem(str(path), "<fullName>", str(exc)))
+            full_name = None
+    name = full_name or expected
+    customization = standard_object and is_standard_field(name)
     type_name = _text(root, "type") or ""
     if not type_name and not customization:
-        raise ManifestError(str(path), "<type> is missing or empty")
+        problems.append(Problem(str(path), "<type>", "is missing or empty"))
     reference_to = _text(root, "referenceTo") or None
     relationship_name = _text(root, "relationshipName") or None
     description = _text(root, "description") or ""
-    length = _int(root, "length", path)
+    length = attempt(_int, root, "length", path)
     if type_name == _METADATA_RELATIONSHIP:
         note = f"MetadataRelationship to {reference_to or '?'}, stored as the API name"
         description = f"{description} ({note})" if description else note
@@ -250,47 +292,61 @@ def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldC
         type_name = _TYPE_ALIASES[type_name].value
         length = length or 175
     if type_name and type_name not in FieldType.__members__:
-        raise ManifestError(
-            str(path),
-            f"<type>: {type_name!r} is not a supported field type "
-            f"(supported: {', '.join(t.value for t in FieldType)}, EncryptedText, "
-            "MetadataRelationship)",
+        problems.append(
+            Problem(
+                str(path),
+                "<type>",
+                f"{type_name!r} is not a supported field type "
+                f"(supported: {', '.join(t.value for t in FieldType)}, EncryptedText, "
+                "MetadataRelationship)",
+            )
         )
+        type_name = ""
     blanks = _text(root, "formulaTreatBlanksAs")
     if blanks and blanks not in ("BlankAsZero", "BlankAsBlank"):
-        raise ManifestError(
-            str(path), f"<formulaTreatBlanksAs>: {blanks!r} is not BlankAsZero or BlankAsBlank"
+        problems.append(
+            Problem(
+                str(path),
+                "<formulaTreatBlanksAs>",
+                f"{blanks!r} is not BlankAsZero or BlankAsBlank",
+            )
         )
-    picklist_values, picklist_defaults = _picklist_values(root, path)
+        blanks = None
+    picklist_values, picklist_defaults = attempt(_picklist_values, root, path) or ((), ())
     default_value = _text(root, "defaultValue") or None
     if default_value is None and picklist_defaults:
         default_value = formula_text_literal(";".join(picklist_defaults))
     data: dict[str, Any] = {
-        "api_name": full_name,
+        "api_name": name,
         "label": _text(root, "label") or "",
         "type": type_name,
         "description": description,
         "length": length,
-        "precision": _int(root, "precision", path),
-        "scale": _int(root, "scale", path),
-        "required": _bool(root, "required", path),
-        "unique": _bool(root, "unique", path),
-        "external_id": _bool(root, "externalId", path),
+        "precision": attempt(_int, root, "precision", path),
+        "scale": attempt(_int, root, "scale", path),
+        "required": attempt(_bool, root, "required", path) or False,
+        "unique": attempt(_bool, root, "unique", path) or False,
+        "external_id": attempt(_bool, root, "externalId", path) or False,
         "default_value": default_value,
         "reference_to": reference_to,
         "relationship_name": relationship_name,
         "picklist_values": picklist_values,
         "formula": _text(root, "formula"),
-        "summary": _summary(root, path),
+        "summary": attempt(_summary, root, path),
     }
     if blanks:
         data["formula_treat_blanks_as"] = blanks
-    if customization:
-        return _customization(path, root, data)
+    result: FieldSpec | FieldCustomization | None = None
     try:
-        return FieldSpec.model_validate(data)
+        if customization:
+            result = _customization(path, root, data)
+        elif type_name:
+            result = FieldSpec.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(str(path), _field_error_text(exc)) from exc
+        problems.extend(_field_problems(path, exc))
+    if problems or result is None:
+        raise PackProblems(str(path), problems)
+    return result
 
 
 def _customization(path: Path, root: Element, data: dict[str, Any]) -> FieldCustomization:
@@ -299,29 +355,27 @@ def _customization(path: Path, root: Element, data: dict[str, Any]) -> FieldCust
         data["type"] not in ("Lookup", "MasterDetail") or data["reference_to"]
     )
     if complete:
-        try:
-            spec = FieldSpec.model_validate(data)
-        except ValidationError as exc:
-            raise ManifestError(str(path), _field_error_text(exc)) from exc
-    return FieldCustomization(
-        api_name=data["api_name"],
-        label=data["label"],
-        description=data["description"],
-        help_text=_text(root, "inlineHelpText") or "",
-        track_history=_bool(root, "trackHistory", path),
-        picklist_values=data["picklist_values"],
-        spec=spec,
+        spec = FieldSpec.model_validate(data)
+    return FieldCustomization.model_validate(
+        {
+            "api_name": data["api_name"],
+            "label": data["label"],
+            "description": data["description"],
+            "help_text": _text(root, "inlineHelpText") or "",
+            "track_history": _bool(root, "trackHistory", path),
+            "picklist_values": data["picklist_values"],
+            "spec": spec,
+        }
     )
 
 
-def _field_error_text(exc: ValidationError) -> str:
-    parts: list[str] = []
+def _field_problems(path: Path, exc: ValidationError) -> list[Problem]:
+    """One problem per validation error, naming the XML element it comes from."""
+    out: list[Problem] = []
     for e in exc.errors(include_url=False):
         loc = e.get("loc", ())
         head = loc[0] if loc else None
         msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        if head is None:  # a whole-field rule; the message names the field
-            parts.append(msg)
-        else:
-            parts.append(f"<{_FIELD_ELEMENTS.get(str(head), head)}>: {msg}")
-    return "; ".join(parts)
+        element = "" if head is None else f"<{_FIELD_ELEMENTS.get(str(head), head)}>"
+        out.append(Problem(str(path), element, msg))
+    return out

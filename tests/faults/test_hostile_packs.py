@@ -133,3 +133,35 @@ async def test_applyall_fails_an_alias_bomb_at_once_without_retrying(
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert attempts and max(attempts) == 1, attempts  # no phase was retried
+
+
+def test_import_sfdx_names_a_missing_object_file_and_a_label_too_long(
+    settings: Any, tmp_path: Path
+) -> None:
+    from tests.builders import cli_env, invoke, write_sfdx
+
+    project = write_sfdx(
+        tmp_path / "app",
+        {
+            "Broker__c": "<type>Lookup</type><referenceTo>Broker__c</referenceTo>",
+            "Long__c": f"<type>Text</type><length>10</length><label>{'x' * 100_000}</label>",
+        },
+        obj="Property__c",
+    )
+    orphan = project / "force-app" / "main" / "default" / "objects" / "Broker__c" / "fields"
+    orphan.mkdir(parents=True)
+    (orphan / "N__c.field-meta.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<CustomField xmlns="http://soap.sforce.com/2006/04/metadata">'
+        "<fullName>N__c</fullName><type>Text</type><length>10</length></CustomField>"
+    )
+    res = invoke(["packs", "import-sfdx", str(project)], cli_env(settings))
+    assert res.exit_code == 1, res.output
+    assert "Traceback" not in res.output
+    assert "Long__c.field-meta.xml" in res.output and "<label>" in res.output, res.output
+    assert "the object file is missing" in res.output, res.output
+    assert "standard object" not in res.output, res.output
+    assert "references unknown object" not in res.output, res.output
+    dev_null = invoke(["packs", "import-sfdx", "/dev/null"], cli_env(settings))
+    assert dev_null.exit_code != 0
+    assert "no such file" not in dev_null.output, dev_null.output
