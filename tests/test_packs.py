@@ -1188,3 +1188,23 @@ def test_missing_object_file_and_project_paths_say_what_is_wrong(tmp_path: Path)
     with pytest.raises(PackProblems) as exc:
         load_sfdx(dashes)
     assert len(exc.value.problems) == 1, exc.value.problems
+
+
+def test_native_validation_errors_are_problems_one_per_key(tmp_path: Path) -> None:
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "name: many\ncategory: AppPack\nobjects:\n  - api_name: A__c\n"
+        f"    label: {'y' * 100_000}\n    fields:\n"
+        "      - {api_name: C__c, type: Checkbox, default_value: maybe}\n"
+        "      - {api_name: T__c, type: Text, reference_to: Account}\n"
+    )
+    with pytest.raises(PackProblems) as exc:
+        load_native(path)
+    elements = [p.element for p in exc.value.problems]
+    assert elements == [
+        "objects[0](A__c).label",
+        "objects[0](A__c).fields[0](C__c).default_value",
+        "objects[0](A__c).fields[1](T__c).reference_to",
+    ], exc.value.problems
+    assert all(p.file == str(path) for p in exc.value.problems)
+    assert len(str(exc.value)) < 2_000  # a 100,000-character value is not echoed whole

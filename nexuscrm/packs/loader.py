@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from nexuscrm.errors import ManifestError
+from nexuscrm.errors import ManifestError, PackProblems, Problem
 from nexuscrm.inputs import (
     DuplicateKeyError,
     JsonNumberError,
@@ -64,18 +64,34 @@ def format_validation_error(
     the deepest node of the path the file has. Scalar inputs are echoed as
     ``(got ...)``.
     """
-    lines: list[str] = []
+    return "; ".join(p.line() for p in validation_problems("", err, data, root))
+
+
+_ECHO_MAX = 80
+"""Most characters of a bad scalar echoed as ``(got ...)``."""
+
+
+def validation_problems(
+    file: str, err: ValidationError, data: Any = None, root: yaml.Node | None = None
+) -> list[Problem]:
+    """One :class:`Problem` per pydantic error: ``file``, the key path as the
+    element (see :func:`format_validation_error`), the message with the bad
+    scalar (cut to 80 characters) and, with ``root``, its line."""
+    out: list[Problem] = []
     for e in err.errors(include_url=False):
         loc = _render_loc(e.get("loc", ()), data)
         msg = str(e.get("msg", "invalid"))
         msg = msg.removeprefix("Value error, ")
         got = e.get("input")
         if e.get("type") != "missing" and (got is None or isinstance(got, str | int | float)):
-            msg = f"{msg} (got {got!r})"
+            shown = repr(got)
+            if len(shown) > _ECHO_MAX:
+                shown = shown[:_ECHO_MAX] + "..."
+            msg = f"{msg} (got {shown})"
         if root is not None:
             msg = f"{msg} (line {_line_of(root, e.get('loc', ()))})"
-        lines.append(f"{loc}: {msg}")
-    return "; ".join(lines)
+        out.append(Problem(file, loc, msg))
+    return out
 
 
 def _line_of(root: yaml.Node, loc: tuple[int | str, ...]) -> int:
@@ -261,9 +277,10 @@ def load_native(path: Path) -> PackManifest:
     Raises:
         ManifestError: the file is missing, unreadable or not UTF-8; has an
             unsupported suffix; is not valid YAML/JSON (message gives line and
-            column); is not a mapping; or fails validation (message gives the
-            key path, e.g. ``objects[0](Contact).fields[3](Email).type``).
-            The error's ``pack`` is the file path.
+            column); or is not a mapping. The error's ``pack`` is the file path.
+        PackProblems: (a ``ManifestError``) the document fails validation:
+            one problem per error, all at once, each naming the key path,
+            e.g. ``objects[0](Contact).fields[3](Email).type``.
     """
     path = Path(path)
     if path.suffix.lower() not in NATIVE_SUFFIXES:
@@ -288,9 +305,7 @@ def load_native(path: Path) -> PackManifest:
         return PackManifest.model_validate({**data, "source": resolved})
     except ValidationError as exc:
         root = None if path.suffix.lower() == ".json" else _compose(path)
-        raise ManifestError(
-            str(path), f"invalid manifest: {format_validation_error(exc, data, root)}"
-        ) from exc
+        raise PackProblems(str(path), validation_problems(str(path), exc, data, root)) from exc
 
 
 def find_native_manifest(directory: Path) -> Path | None:
