@@ -16,6 +16,7 @@ only when the conversion loses nothing but the digits past a number's scale
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Any
 
@@ -83,6 +84,15 @@ def _text(f: FieldSpec, value: Any) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
+def _numeric_bounds(f: FieldSpec) -> tuple[int, int]:
+    """(precision, scale) of a numeric field's column, built once per field
+    (this runs for every numeric value of every inbound event)."""
+    col = column_type(f, "sqlite")
+    assert isinstance(col, Numeric) and col.precision is not None
+    return col.precision, col.scale or 0
+
+
 def _number(f: FieldSpec, value: Any) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueProblem(f"is {kind_of(value)}; a {f.type} field holds a number")
@@ -92,9 +102,7 @@ def _number(f: FieldSpec, value: Any) -> Decimal:
         raise ValueProblem(f"{str(value)[:40]!r} is not a number") from None
     if not number.is_finite():
         raise ValueProblem(f"{str(value)[:40]!r} is not a finite number")
-    col = column_type(f, "sqlite")
-    assert isinstance(col, Numeric) and col.precision is not None
-    precision, scale = col.precision, col.scale or 0
+    precision, scale = _numeric_bounds(f)
     whole = precision - scale
     too_big = ValueProblem(
         f"{str(value)[:40]} is out of range: the field holds {whole} digit(s) before the "

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -78,9 +80,25 @@ def check_text_bytes(value: str | None, what: str = "") -> str | None:
     return value
 
 
-def _none_is_absent(value: object, default: object) -> object:
+def _none_is_absent(value: object) -> object:
     """YAML ``key:`` with nothing after it (null) means the key is not set."""
-    return default if value is None else value
+    return () if value is None else value
+
+
+def _label_fits(value: str) -> str:
+    return check_chars(value, LABEL_MAX_CHARS)
+
+
+def _text_fits(value: str) -> str:
+    return check_text_bytes(value) or ""
+
+
+NULL_IS_NOT_SET = BeforeValidator(_none_is_absent)
+"""On a list field: a YAML null (``fields:`` with nothing after it) is the empty list."""
+Label = Annotated[str, AfterValidator(_label_fits)]
+"""A label written to a ``Label``-sized column (:data:`LABEL_MAX_CHARS`)."""
+TextColumn = Annotated[str, AfterValidator(_text_fits)]
+"""A string written to a TEXT column (:data:`TEXT_COLUMN_MAX_BYTES` of UTF-8)."""
 
 
 class Category(StrEnum):
@@ -237,9 +255,9 @@ class FieldSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     api_name: str
-    label: str = ""
+    label: Label = ""
     type: FieldType
-    description: str = ""
+    description: TextColumn = ""
     length: int | None = Field(default=None, ge=1, le=131072)
     precision: int | None = Field(default=None, ge=1, le=38)
     scale: int | None = Field(default=None, ge=0, le=18)
@@ -249,7 +267,7 @@ class FieldSpec(BaseModel):
     default_value: str | None = None
     reference_to: str | None = None
     relationship_name: str | None = None
-    picklist_values: tuple[str, ...] = ()
+    picklist_values: Annotated[tuple[str, ...], NULL_IS_NOT_SET] = ()
     formula: str | None = None
     formula_treat_blanks_as: Literal["BlankAsZero", "BlankAsBlank"] = "BlankAsZero"
     summary: SummarySpec | None = None
@@ -259,17 +277,7 @@ class FieldSpec(BaseModel):
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "field api_name")
 
-    @field_validator("picklist_values", mode="before")
-    @classmethod
-    def _null_list(cls, v: object) -> object:
-        return _none_is_absent(v, ())
-
-    @field_validator("label")
-    @classmethod
-    def _label(cls, v: str) -> str:
-        return check_chars(v, LABEL_MAX_CHARS)
-
-    @field_validator("description", "formula")
+    @field_validator("formula")
     @classmethod
     def _text_column(cls, v: str | None) -> str | None:
         return check_text_bytes(v)
@@ -416,32 +424,17 @@ class FieldCustomization(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     api_name: str
-    label: str = ""
-    description: str = ""
+    label: Label = ""
+    description: TextColumn = ""
     help_text: str = ""
     track_history: bool = False
-    picklist_values: tuple[str, ...] = ()
+    picklist_values: Annotated[tuple[str, ...], NULL_IS_NOT_SET] = ()
     spec: FieldSpec | None = None
 
     @field_validator("api_name")
     @classmethod
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "field api_name")
-
-    @field_validator("picklist_values", mode="before")
-    @classmethod
-    def _null_list(cls, v: object) -> object:
-        return _none_is_absent(v, ())
-
-    @field_validator("label")
-    @classmethod
-    def _label(cls, v: str) -> str:
-        return check_chars(v, LABEL_MAX_CHARS)
-
-    @field_validator("description")
-    @classmethod
-    def _description(cls, v: str) -> str:
-        return check_text_bytes(v) or ""
 
     @field_validator("picklist_values")
     @classmethod
@@ -462,18 +455,13 @@ class RecordSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     developer_name: str
-    label: str = ""
+    label: Label = ""
     values: dict[str, str | None] = Field(default_factory=dict)
 
     @field_validator("developer_name")
     @classmethod
     def _developer_name(cls, v: str) -> str:
         return check_chars(v, MDT_NAME_MAX_CHARS)
-
-    @field_validator("label")
-    @classmethod
-    def _label(cls, v: str) -> str:
-        return check_chars(v, LABEL_MAX_CHARS)
 
 
 class ObjectSpec(BaseModel):
@@ -494,37 +482,22 @@ class ObjectSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     api_name: str
-    label: str = ""
-    plural_label: str = ""
+    label: Label = ""
+    plural_label: Label = ""
     kind: Literal["table", "event"] = "table"
     extends: bool = False
     name_field_type: Literal["Text", "AutoNumber"] = "Text"
-    name_field_label: str = "Name"
-    description: str = ""
-    fields: tuple[FieldSpec, ...] = ()
-    customizations: tuple[FieldCustomization, ...] = ()
-    records: tuple[RecordSpec, ...] = ()
+    name_field_label: Label = "Name"
+    description: TextColumn = ""
+    fields: Annotated[tuple[FieldSpec, ...], NULL_IS_NOT_SET] = ()
+    customizations: Annotated[tuple[FieldCustomization, ...], NULL_IS_NOT_SET] = ()
+    records: Annotated[tuple[RecordSpec, ...], NULL_IS_NOT_SET] = ()
     package_namespace: str | None = None
 
     @field_validator("api_name")
     @classmethod
     def _api_name(cls, v: str) -> str:
         return validate_identifier(v, "object api_name")
-
-    @field_validator("fields", "customizations", "records", mode="before")
-    @classmethod
-    def _null_list(cls, v: object) -> object:
-        return _none_is_absent(v, ())
-
-    @field_validator("label", "plural_label", "name_field_label")
-    @classmethod
-    def _label(cls, v: str) -> str:
-        return check_chars(v, LABEL_MAX_CHARS)
-
-    @field_validator("description")
-    @classmethod
-    def _description(cls, v: str) -> str:
-        return check_text_bytes(v) or ""
 
     @model_validator(mode="after")
     def _unique_fields(self) -> ObjectSpec:
@@ -646,20 +619,13 @@ class PackManifest(BaseModel):
     category: Category
     version: str = "1.0.0"
     description: str = ""
-    depends_on: tuple[str, ...] = ()
+    depends_on: Annotated[tuple[str, ...], NULL_IS_NOT_SET] = ()
     namespace: str | None = None
-    objects: tuple[ObjectSpec, ...] = ()
-    inbound_routes: tuple[InboundRoute, ...] = ()
-    callout_profiles: tuple[CalloutProfile, ...] = ()
-    labels: tuple[CustomLabel, ...] = ()
+    objects: Annotated[tuple[ObjectSpec, ...], NULL_IS_NOT_SET] = ()
+    inbound_routes: Annotated[tuple[InboundRoute, ...], NULL_IS_NOT_SET] = ()
+    callout_profiles: Annotated[tuple[CalloutProfile, ...], NULL_IS_NOT_SET] = ()
+    labels: Annotated[tuple[CustomLabel, ...], NULL_IS_NOT_SET] = ()
     source: str = Field(default="", exclude=True)
-
-    @field_validator(
-        "depends_on", "objects", "inbound_routes", "callout_profiles", "labels", mode="before"
-    )
-    @classmethod
-    def _null_list(cls, v: object) -> object:
-        return _none_is_absent(v, ())
 
     @field_validator("version")
     @classmethod
