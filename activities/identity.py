@@ -406,7 +406,9 @@ class IdentityActivities:
         :data:`SIGNAL_CONCURRENCY` at once) and the new waits registered. The
         direct wake is what no race can lose (a signal to a wait not yet
         registered reaches nobody): it is retried in place on a lock conflict,
-        and a blocked item of this batch whose key it woke needs no wait.
+        and a blocked item of this batch whose key it woke needs no wait. A
+        wait registered here whose items another batch woke meanwhile is
+        completed at once (:meth:`_close_unblocked`), never left parked.
         """
         client = activity.client()
         packs: set[str] = set()
@@ -453,11 +455,40 @@ class IdentityActivities:
                 *(wake_one(key) for key in req.wake_keys),
                 *(register(spec, ids) for spec, ids in groups.values()),
             )
+            await self._close_unblocked(client, req.database_id, sorted(groups))
             return
         # Not woken here: every wait must run before its wake is signalled, or a
         # wait started just after the signal would miss it (issue 16).
         await asyncio.gather(*(register(spec, ids) for spec, ids in groups.values()))
         await asyncio.gather(*(wake_one(key) for key in req.wake_keys))
+        await self._close_unblocked(client, req.database_id, sorted(groups))
+
+    async def _close_unblocked(self, client: Client, database_id: str, keys: list[str]) -> int:
+        """Wake the just-registered waits none of whose items is blocked any more.
+
+        The race this closes (a wait left parked until its max wait): this
+        batch's item blocks and re-reads "no link"; the parent's batch links,
+        wakes the item by its direct write and signals a wait that is not
+        registered yet (nobody hears it); then this notify registers the
+        wait. Read after the registrations, so whichever comes last sees the
+        other: either the parent's signal finds the wait, or this read finds
+        the item already woken and the wait is signalled here (it wakes
+        nothing and completes). One indexed read; returns waits signalled.
+        """
+        if not keys:
+            return 0
+        still = await asyncio.to_thread(wq.blocked_keys, self.engine, keys)
+        gone = [k for k in keys if k not in still]
+        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def wake_one(key: str) -> None:
+            async with gate:
+                await signal_wake(client, database_id, key)
+
+        await asyncio.gather(*(wake_one(k) for k in gone))
+        if gone:
+            log.info("identity waits registered after their items woke, completed", waits=len(gone))
+        return len(gone)
 
     async def _wake_resolved(self, client: Client, database_id: str) -> int:
         """Wake every blocked item whose dependency exists now; complete their waits.

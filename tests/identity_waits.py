@@ -23,7 +23,7 @@ from activities.identity import IdentityActivities, start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, wait_workflow_id
-from nexuscrm.contracts import IdentityWaitConfig
+from nexuscrm.contracts import IdentityWaitConfig, WaitNotifyRequest
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
@@ -49,6 +49,20 @@ class RecoverOnce:
             "identity.recover",
             database_id,
             result_type=int,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+
+
+@workflow.defn(name="NotifyOnce", sandboxed=False)
+class NotifyOnce:
+    """One ``identity.notify``, as an inbound batch runs it after its commit."""
+
+    @workflow.run
+    async def run(self, req: WaitNotifyRequest) -> None:
+        await workflow.execute_activity(
+            "identity.notify",
+            req,
             start_to_close_timeout=timedelta(seconds=120),
             retry_policy=RetryPolicy(maximum_attempts=1),
         )

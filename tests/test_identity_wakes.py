@@ -31,9 +31,9 @@ from activities.identity import PROBE_TIMED_OUT, IdentityActivities, start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import processor
 from nexuscrm.connectors import queue as wq
-from nexuscrm.connectors.identity import Dependency, wait_workflow_id
+from nexuscrm.connectors.identity import Dependency, to_spec, wait_workflow_id
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import IdentityWaitConfig
+from nexuscrm.contracts import BlockedWait, IdentityWaitConfig, WaitNotifyRequest
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -49,7 +49,7 @@ from tests.builders import (
     record_upsert,
     wait_drained,
 )
-from tests.identity_waits import RecoverOnce
+from tests.identity_waits import NotifyOnce, RecoverOnce
 from workflows.identity import IdentityWaitWorkflow
 
 BURSTS = 5
@@ -320,3 +320,60 @@ async def test_recovery_wakes_rows_whose_dependency_resolved_without_a_wait(temp
             else:
                 assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
                 await handle.terminate("test over")
+
+
+async def test_wait_registered_after_its_items_woke_is_not_left_running(temporal_env, settings):
+    """Item 1, the wait left behind: a child's batch blocks and re-reads "no link";
+    the parent's batch links, wakes the child by its direct write and signals a
+    wait that does not run yet; only then does the child's notify register the
+    wait. That wait completes at once (it used to park until its max wait, with
+    expiry off for ever); a wait whose item is still blocked keeps running."""
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    client = temporal_env.client
+    queue = settings.identity_task_queue
+    ns = f"late-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(3)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    woken, still = deps[:2], deps[2]
+    parked = IdentityWaitConfig(max_wait_seconds=0)  # no expiry: only a wake ends a wait
+    acts = IdentityActivities(engine, settings, parked, resolver=lambda _e, _d: False)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[IdentityWaitWorkflow, NotifyOnce],
+        activities=acts.all(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    w = t.connector_work_item
+    db = settings.database_id
+
+    async def notify(req: WaitNotifyRequest) -> None:
+        await client.execute_workflow(
+            NotifyOnce.run, req, id=f"notify-{uuid.uuid4().hex}", task_queue=queue
+        )
+
+    async with worker:
+        # The parent's batch: its direct wake, then its notify (no wait to hear it).
+        keys = [d.key_hash for d in woken]
+        await asyncio.to_thread(wq.wake_blocked_keys, engine, keys)
+        await notify(WaitNotifyRequest(db, [], keys))
+        # The child's notify, late.
+        blocked = [BlockedWait(owned[d.key_hash][0], d.key_hash, to_spec(d)) for d in deps]
+        await notify(WaitNotifyRequest(db, blocked, []))
+        handles = {d: client.get_workflow_handle(wait_workflow_id(db, d.key_hash)) for d in deps}
+        for d in woken:  # the server's word, not a status query
+            status = None
+            for _ in range(300):
+                status = (await handles[d].describe()).status
+                if status != WorkflowExecutionStatus.RUNNING:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == WorkflowExecutionStatus.COMPLETED, d
+            assert await handles[d].result() == 0  # woke nothing: the parent's write did
+        assert (await handles[still].describe()).status == WorkflowExecutionStatus.RUNNING
+        with engine.connect() as conn:
+            states = dict(conn.execute(select(w.c.WorkId, w.c.State)).all())
+        assert {states[owned[d.key_hash][0]] for d in woken} == {"pending"}
+        assert states[owned[still.key_hash][0]] == "blocked"
+        await handles[still].terminate("test over")
