@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from temporalio import activity
+from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
@@ -68,6 +69,10 @@ DIRECT_WAKE_ATTEMPTS = 8
 
 SIGNAL_CONCURRENCY = 32
 """Signals (wakes, signal-with-starts) one notify keeps in flight at once."""
+
+CLOSE_CONCURRENCY = 4
+"""``wake`` signals the background closer of a worker process keeps in flight at
+once: waits whose items a direct write already woke (see :meth:`IdentityActivities.notify`)."""
 
 
 def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
@@ -185,10 +190,24 @@ async def list_running_waits(client: Client, database_id: str) -> set[str] | Non
         return None
     prefix = wait_workflow_id(database_id, "")
     out: set[str] = set()
+    # The raw list, workflow ids only: the client's list decodes every
+    # execution's memo and search attributes, which for 10,000 waits took as
+    # much of the worker's CPU as the inbound batches (issue 16).
+    token = b""
     try:
-        async for wf in client.list_workflows(query, page_size=1000):
-            if wf.id.startswith(prefix):
-                out.add(wf.id[len(prefix) :])
+        while True:
+            page = await client.workflow_service.list_workflow_executions(
+                ListWorkflowExecutionsRequest(
+                    namespace=client.namespace, query=query, page_size=1000, next_page_token=token
+                )
+            )
+            for info in page.executions:
+                wid = info.execution.workflow_id
+                if wid.startswith(prefix):
+                    out.add(wid[len(prefix) :])
+            token = page.next_page_token
+            if not token:
+                break
     except RPCError as err:
         log.info("running identity waits not listed", error=str(err))
         return None
@@ -251,8 +270,14 @@ class IdentityActivities:
         self.metrics = metrics or NexusMetrics(MetricMeter.noop)
         self.settings = settings
         self.config = config or config_from_env()
-        # Monotonic time of the last orphan-wait sweep per database (this process).
+        # Monotonic time of the last orphan-wait sweep per database (this process),
+        # and the waits that sweep found without blocked items (asked at the next).
         self._last_sweep: dict[str, float] = {}
+        self._sweep_candidates: dict[str, set[str]] = {}
+        # Waits to complete in the background (database id -> key hashes), and
+        # the task signalling them (see _close_later).
+        self._to_close: dict[str, set[str]] = {}
+        self._closer: asyncio.Task[None] | None = None
         # None: no owner authority (the seed's nil resolver): every probe fails,
         # so waits only reschedule and nothing ever expires; wakes still work.
         self.resolver: Resolver | None = resolver
@@ -402,8 +427,9 @@ class IdentityActivities:
         """After a batch committed: wake the waiters of its new links, register its blocked items.
 
         Order matters for latency: the woken rows go pending and their pools are
-        woken first, then the waits are signalled (concurrently, at most
-        :data:`SIGNAL_CONCURRENCY` at once) and the new waits registered. The
+        woken first, then the new waits are registered (concurrently, at most
+        :data:`SIGNAL_CONCURRENCY` at once); the woken waits are completed in
+        the background (:meth:`_close_later`), never holding the batch. The
         direct wake is what no race can lose (a signal to a wait not yet
         registered reaches nobody): it is retried in place on a lock conflict,
         and a blocked item of this batch whose key it woke needs no wait. A
@@ -451,10 +477,10 @@ class IdentityActivities:
                 )
 
         if woke_directly:
-            await asyncio.gather(
-                *(wake_one(key) for key in req.wake_keys),
-                *(register(spec, ids) for spec, ids in groups.values()),
-            )
+            # Their items are pending already: the waits only have to complete,
+            # and that must not hold this batch's worker back (issue 16).
+            self._close_later(client, req.database_id, req.wake_keys)
+            await asyncio.gather(*(register(spec, ids) for spec, ids in groups.values()))
             await self._close_unblocked(client, req.database_id, sorted(groups))
             return
         # Not woken here: every wait must run before its wake is signalled, or a
@@ -462,6 +488,41 @@ class IdentityActivities:
         await asyncio.gather(*(register(spec, ids) for spec, ids in groups.values()))
         await asyncio.gather(*(wake_one(key) for key in req.wake_keys))
         await self._close_unblocked(client, req.database_id, sorted(groups))
+
+    def _close_later(self, client: Client, database_id: str, keys: list[str]) -> None:
+        """Signal ``wake`` to the waits of ``keys`` in the background, not awaited.
+
+        For waits whose items a direct write already woke: their wake is done,
+        only the workflow's completion is left. A wake of ten thousand sent
+        from the notifies themselves held each parent batch's worker behind
+        its signals, while the children it had woken waited for the same two
+        cores (issue 16). One task per process drains the keys,
+        :data:`CLOSE_CONCURRENCY` signals at a time; a key queued twice is
+        signalled once. A key lost with the process leaves its wait running
+        without blocked items: recovery's sweep asks it to probe and it ends.
+        """
+        self._to_close.setdefault(database_id, set()).update(keys)
+        if self._closer is None or self._closer.done():
+            self._closer = asyncio.get_running_loop().create_task(self._drain_closes(client))
+
+    async def _drain_closes(self, client: Client) -> None:
+        gate = asyncio.Semaphore(CLOSE_CONCURRENCY)
+        missing = 0
+
+        async def close(database_id: str, key: str) -> None:
+            nonlocal missing
+            async with gate:
+                try:
+                    if not await signal_wake(client, database_id, key):
+                        missing += 1  # it ended, or never ran: its rows are woken
+                except Exception as err:  # the client closed with the worker
+                    log.info("identity wait not completed; recovery's sweep will", error=str(err))
+
+        while self._to_close:
+            database_id, keys = self._to_close.popitem()
+            await asyncio.gather(*(close(database_id, k) for k in sorted(keys)))
+        if missing:
+            log.info("wake of identity waits skipped: none runs", waits=missing)
 
     async def _close_unblocked(self, client: Client, database_id: str, keys: list[str]) -> int:
         """Wake the just-registered waits none of whose items is blocked any more.
@@ -496,8 +557,8 @@ class IdentityActivities:
         The set-based recheck that replaces each parked wait's own probes
         (issue 16): one read for all blocked rows (:func:`resolved_blocked_keys`),
         then one wake write, the fleet's ``wake`` for the packs woken, and a
-        ``wake`` signal to the wait of each resolved key only (a wait that
-        runs nowhere is skipped). Returns the number of keys resolved.
+        background ``wake`` signal to the wait of each resolved key only
+        (:meth:`_close_later`). Returns the number of keys resolved.
         """
         keys = sorted(await asyncio.to_thread(resolved_blocked_keys, self.engine))
         if not keys:
@@ -509,13 +570,7 @@ class IdentityActivities:
                 await fleet.signal("wake", install_id)
             except RPCError:  # no fleet: the workers' idle timers find the work
                 break
-        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
-
-        async def wake_one(key: str) -> None:
-            async with gate:
-                await signal_wake(client, database_id, key)
-
-        await asyncio.gather(*(wake_one(key) for key in keys))
+        self._close_later(client, database_id, keys)
         log.info(
             "identity recovery woke resolved rows",
             dependency_keys=len(keys),
@@ -524,14 +579,19 @@ class IdentityActivities:
         return len(keys)
 
     async def _sweep_orphan_waits(self, client: Client, database_id: str) -> int:
-        """Ask a probe of each running wait none of whose items is blocked any more.
+        """Ask a probe of each running wait none of whose items has been blocked
+        for two sweeps in a row.
 
         A wait whose items were woken directly and whose ``wake`` signal was
         lost (the batch died before its notify) would stay parked until its
         first due time; its probe now finds no item and it ends ``empty``. At
         most once per ``max_probe_interval_seconds`` per database and process;
         the server's count of running waits is read first and the waits are
-        listed only when it exceeds the blocked keys. Returns waits asked.
+        listed (ids only) only when it exceeds the blocked keys. A wait is
+        asked only when the previous sweep found it without blocked items
+        too: during a wake of thousands, their ``wake`` signals are merely on
+        their way, and a probe each would double the work (issue 16).
+        Returns waits asked.
         """
         now = time.monotonic()
         last = self._last_sweep.get(database_id)
@@ -547,9 +607,12 @@ class IdentityActivities:
         except RPCError:
             return 0
         if count <= len(blocked):
+            self._sweep_candidates.pop(database_id, None)
             return 0
         running = await list_running_waits(client, database_id)
-        orphans = sorted((running or set()) - blocked)
+        found = (running or set()) - blocked
+        orphans = sorted(found & self._sweep_candidates.get(database_id, set()))
+        self._sweep_candidates[database_id] = found - set(orphans)
         gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
 
         async def ask(key: str) -> None:

@@ -684,8 +684,10 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     rss_before = _rss_mib(server)
     park_s = await park(ctx)
     rss_parked = _rss_mib(server)
+    print(f"  parked in {park_s:.1f} s; idle window in {args.idle_after:.0f} s", flush=True)
     await asyncio.sleep(args.idle_after)
     counter = _Counting()
+    print(f"  idle window: {args.idle:.0f} s (pid {os.getpid()})", flush=True)
     with counter.counting():
         cpu0 = (_cpu_s(me), _cpu_s(server), _cpu_s(db))
         t0 = time.perf_counter()
@@ -714,6 +716,7 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     if db is not None:
         idle["database_cpu_pct"] = pct(2)
     rss_idle = idle["server_rss_mib"]
+    print(f"  waking all {ctx.n}: parents enqueued", flush=True)
     start = time.perf_counter()
     await enqueue(ctx, ctx.parents)
 
