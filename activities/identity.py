@@ -533,20 +533,15 @@ class IdentityActivities:
         registered yet (nobody hears it); then this notify registers the
         wait. Read after the registrations, so whichever comes last sees the
         other: either the parent's signal finds the wait, or this read finds
-        the item already woken and the wait is signalled here (it wakes
-        nothing and completes). One indexed read; returns waits signalled.
+        the item already woken and the wait is handed to the closer
+        (:meth:`_close_later`; it wakes nothing and completes). One indexed
+        read; returns the waits handed over.
         """
         if not keys:
             return 0
         still = await asyncio.to_thread(wq.blocked_keys, self.engine, keys)
         gone = [k for k in keys if k not in still]
-        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
-
-        async def wake_one(key: str) -> None:
-            async with gate:
-                await signal_wake(client, database_id, key)
-
-        await asyncio.gather(*(wake_one(k) for k in gone))
+        self._close_later(client, database_id, gone)
         if gone:
             log.info("identity waits registered after their items woke, completed", waits=len(gone))
         return len(gone)

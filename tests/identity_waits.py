@@ -160,15 +160,22 @@ def states(engine: Engine, work_ids: list[str]) -> dict[str, tuple[str, str | No
 
 
 def wait_worker(
-    client: Client, settings: Settings, engine: Engine, resolver: Any, queue: str
+    client: Client,
+    settings: Settings,
+    engine: Engine,
+    resolver: Any,
+    queue: str,
+    config: IdentityWaitConfig | None = None,
 ) -> Worker:
+    """A worker of the waits, ``RecoverOnce`` and ``NotifyOnce`` on ``queue``
+    (``config``: :func:`cfg` by default)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    acts = IdentityActivities(engine, settings, cfg(), resolver=resolver)
+    acts = IdentityActivities(engine, settings, config or cfg(), resolver=resolver)
     return Worker(
         client,
         task_queue=queue,
-        workflows=[IdentityWaitWorkflow, RecoverOnce],
+        workflows=[IdentityWaitWorkflow, RecoverOnce, NotifyOnce],
         activities=acts.all(),
         activity_executor=ThreadPoolExecutor(4),
     )

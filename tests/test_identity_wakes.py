@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +24,6 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
-from temporalio.worker import Worker
 
 from activities.identity import PROBE_TIMED_OUT, IdentityActivities, start_wait
 from nexuscrm.clock import utcnow
@@ -49,7 +47,7 @@ from tests.builders import (
     record_upsert,
     wait_drained,
 )
-from tests.identity_waits import NotifyOnce, RecoverOnce
+from tests.identity_waits import NotifyOnce, RecoverOnce, wait_worker
 from workflows.identity import IdentityWaitWorkflow
 
 BURSTS = 5
@@ -203,14 +201,7 @@ async def test_recovery_never_restarts_a_running_wait(temporal_env, settings, ke
     owned = await asyncio.to_thread(_block_each, engine, deps)
     sleepy = IdentityWaitConfig(probe_interval_seconds=600, max_probe_interval_seconds=600)
     w = t.connector_work_item
-    acts = IdentityActivities(engine, settings, sleepy, resolver=lambda _e, _d: False)
-    worker = Worker(
-        client,
-        task_queue=queue,
-        workflows=[IdentityWaitWorkflow, RecoverOnce],
-        activities=acts.all(),
-        activity_executor=ThreadPoolExecutor(4),
-    )
+    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, sleepy)
     async with worker:
         for d in deps:
             await start_wait(
@@ -294,14 +285,7 @@ async def test_recovery_wakes_rows_whose_dependency_resolved_without_a_wait(temp
             ],
         )
     sleepy = IdentityWaitConfig(probe_interval_seconds=600, max_probe_interval_seconds=600)
-    acts = IdentityActivities(engine, settings, sleepy, resolver=lambda _e, _d: False)
-    worker = Worker(
-        client,
-        task_queue=queue,
-        workflows=[IdentityWaitWorkflow, RecoverOnce],
-        activities=acts.all(),
-        activity_executor=ThreadPoolExecutor(4),
-    )
+    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, sleepy)
     w = t.connector_work_item
     async with worker:
         started = await client.execute_workflow(
@@ -337,14 +321,7 @@ async def test_wait_registered_after_its_items_woke_is_not_left_running(temporal
     owned = await asyncio.to_thread(_block_each, engine, deps)
     woken, still = deps[:2], deps[2]
     parked = IdentityWaitConfig(max_wait_seconds=0)  # no expiry: only a wake ends a wait
-    acts = IdentityActivities(engine, settings, parked, resolver=lambda _e, _d: False)
-    worker = Worker(
-        client,
-        task_queue=queue,
-        workflows=[IdentityWaitWorkflow, NotifyOnce],
-        activities=acts.all(),
-        activity_executor=ThreadPoolExecutor(4),
-    )
+    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked)
     w = t.connector_work_item
     db = settings.database_id
 
