@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sqlalchemy import func, select
 from temporalio.client import Client
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.contracts import DesiredPack, FleetStatus, SupervisorStatus
+from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
@@ -53,13 +55,28 @@ async def wait_workers(client: Client, pool: DesiredPack, timeout: float = 30) -
 async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_drain(
     temporal_env, settings, hook, tmp_path
 ):
+    """Two rebuilds of a pool whose workers hold batches: every worker of the new
+    pool runs, the old pools' workers close, and the events the old pools held
+    are handed back when their drain ends, never left to their leases.
+
+    The lease (60 s) is far longer than the drain (5 s) plus the heartbeat that
+    carries the cancel (3 s timeout): an item freed by lease expiry would show
+    as a ``lease-expired`` attempt and a queue drained only after the lease.
+    How long the old batches take before the drain ends depends on the box's
+    load (seen: 9-21 s from enqueue on a loaded one), so no sub-lease latency
+    is asserted here; ``bench/`` measures latency.
+    """
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     fleet_in = fast_fleet(settings)
+    fleet_in.lease_seconds = 60
+    fleet_in.heartbeat_timeout_seconds = 3
     client = temporal_env.client
-    hook.delay = 0.01
+    # A batch of ~40-100 items takes longer than the drain: the old pools' workers
+    # still hold items when their drain ends, on any box.
+    hook.delay = 0.1
     async with build_connector_worker(client, settings):
         fleet = await start_fleet(client, settings, fleet_in)
         (first,) = await wait_pools(fleet, 1)
@@ -69,17 +86,8 @@ async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_
         for _ in range(2):  # two ApplyAll-style rebuilds back to back
             await fleet.signal("reconcile")
             await asyncio.sleep(0.3)
-        worst = 0.0
-
-        async def watch() -> None:
-            nonlocal worst
-            while True:
-                for s in queue.pack_queue_stats(engine):
-                    worst = max(worst, s.oldest_pending_age_s or 0.0)
-                await asyncio.sleep(0.2)
-
-        watcher = asyncio.ensure_future(watch())
-        deadline = asyncio.get_running_loop().time() + 30
+        rebuilt_at = asyncio.get_running_loop().time()
+        deadline = rebuilt_at + 30
         while True:
             st = await fleet.query("status", result_type=FleetStatus)
             pool = st.pools[0] if st.pools else None
@@ -91,8 +99,8 @@ async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_
                     if asyncio.get_running_loop().time() > deadline:
                         raise
             await asyncio.sleep(0.2)
-        await wait_drained(engine, timeout=60)
-        watcher.cancel()
+        await wait_drained(engine, timeout=2 * fleet_in.lease_seconds)
+        drained_after = asyncio.get_running_loop().time() - rebuilt_at
         # The pool seen above may be the first rebuild's, drained by the second
         # one: judge the pool the fleet serves now, and every pool before it.
         (final,) = (await fleet.query("status", result_type=FleetStatus)).pools
@@ -111,9 +119,23 @@ async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_
                 await asyncio.sleep(0.5)
                 left = await running_workers(client, old)
             assert left == [], old
-        # The watcher samples every 0.2 s through a query on a loaded CI box: 3 s
-        # of slack for the sampling, not for the pool (seen: a CI run over 5 s).
-        assert worst <= fleet_in.drain_timeout_seconds + 3, worst
+        # Nothing the old pools held waited for its lease: each was finished, or
+        # handed back at the drain's end and claimed again by the new pool.
+        with engine.connect() as conn:
+            expired = conn.execute(
+                select(func.count())
+                .select_from(t.connector_work_attempt)
+                .where(t.connector_work_attempt.c.CauseCode == "lease-expired")
+            ).scalar_one()
+        assert expired == 0
+        with engine.connect() as conn:
+            handed_back = conn.execute(
+                select(func.count())
+                .select_from(t.connector_work_attempt)
+                .where(t.connector_work_attempt.c.CauseCode == "worker-shutdown")
+            ).scalar_one()
+        assert handed_back > 0  # the drain ended with batches in hand
+        assert drained_after < fleet_in.lease_seconds / 2, drained_after
         await fleet.signal("stop")
         await fleet.result()
 
