@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.controlplane import ControlPlaneActivities
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         heartbeat_timeout_problem,
     )
     from nexuscrm.contracts.gates import RebuildRequest
+    from nexuscrm.controlplane.gates import COMPLETION_GATES
 
 from workflows.apply_all_gates import POLICIES, ApplyAllGateSteps, apply_all_phases
 
@@ -72,6 +74,10 @@ def database_id_of(workflow_id: str) -> str:
     return workflow_id.removeprefix("controlplane/").split("/")[0]
 
 
+_LOCAL_FAILURES = (ApplicationError, TemporalTimeoutError)
+"""How a local phase's failure arrives (a remote one's is an ``ActivityError``)."""
+
+
 def _cause(err: BaseException) -> str:
     """The innermost failure message (what the activity raised)."""
     while isinstance(err, ActivityError) and err.cause is not None:
@@ -109,13 +115,23 @@ class _PhaseRunner:
             "start_to_close_timeout": PHASE_TIMEOUTS.get(name, SHORT),
             "retry_policy": PHASE_RETRY,
         }
-        # Every phase heartbeats (a ticker in the activity), so a dead worker is
-        # noticed within the heartbeat timeout whatever the phase.
-        opts["heartbeat_timeout"] = self.heartbeat
+        local = name in LOCAL_PHASES and workflow.patched(LOCAL_PHASES_PATCH)
+        if not local:
+            # Every remote phase heartbeats (a ticker in the activity), so a dead
+            # worker is noticed within the heartbeat timeout whatever the phase.
+            # A local phase has no heartbeat: a dead worker's workflow task times
+            # out and the next worker runs the phase again.
+            opts["heartbeat_timeout"] = self.heartbeat
         opts.update(kw)
         try:
-            result = await workflow.execute_activity_method(fn, arg, **opts)
-        except ActivityError as err:
+            if local:
+                result = await workflow.execute_local_activity_method(fn, arg, **opts)
+            else:
+                result = await workflow.execute_activity_method(fn, arg, **opts)
+        except (ActivityError, *_LOCAL_FAILURES) as err:
+            # A remote phase fails with an ActivityError around the cause; a
+            # local one resolves with the cause itself (its ApplicationError, or
+            # the timeout).
             report.status = "failed"
             report.error = _cause(err)
             report.duration_s = (workflow.now() - start).total_seconds()
@@ -230,6 +246,42 @@ CLASSIFY_FIRST_PATCH = "controlplane-classify-before-lease"
 """auto_start classifies read-only before acquire-lease; the policy is checked first."""
 CUTOVER_PRECONDITION_PATCH = "controlplane-cutover-precondition"
 """verify-cutover after apply-packs (ApplyAll, ApplySourceConvergence)."""
+
+LOCAL_PHASES_PATCH = "controlplane-short-phases-local"
+"""The short phases (:data:`LOCAL_PHASES`) run as local activities."""
+
+LOCAL_PHASES = frozenset(
+    {
+        "classify",
+        "classify-candidate",
+        "acquire-lease",
+        "mark-running",
+        "runner-init",
+        "verify-cutover",
+        "final-verify",
+        "defer-precondition",
+        "mark-rebuild-owed",
+        "restamp-rebuild-owed",
+        "rebuild-debt-entry-gate",
+        "rebuild-debt-final-gate",
+        "invalidate-marker",
+        "mark-completed",
+        *COMPLETION_GATES,
+    }
+)
+"""Phases that run as local activities (patch :data:`LOCAL_PHASES_PATCH`).
+
+Each is a marker write, a lease, a read-only check or a cache load: a few
+milliseconds of work whose round trip through the server (workflow task,
+activity task, workflow task: about 16 ms each on a 2-core box) was most of
+its cost; a chain of local activities runs inside one workflow task. They
+keep the phase's start-to-close timeout and retry policy; a local activity
+has no heartbeat, so a worker that dies in one is noticed by its workflow
+task's timeout and the phase runs again on the next worker (every one of
+them is safe to repeat, as a retry is). The phases that do the work
+(plan, metadata, repair, packs, derived, indexes, verify) stay activities
+that heartbeat, on any worker of the task queue.
+"""
 
 APPLY_ALL_PHASES = [
     "classify",

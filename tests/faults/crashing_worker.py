@@ -7,9 +7,11 @@ activity id ``N`` of a workflow of type ``NEXUS_TEST_CRASH_WORKFLOW_TYPE``
 process is killed before the worker reports the completion. Or with
 ``NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE=T``: killed after the first activity
 (or local activity) of type ``T`` whose result is not empty. The server retries
-the activity on the next worker after the heartbeat timeout: the worst case
-for a phase's idempotency. Used by ``test_worker_kills.py``; a test aid only,
-never part of the application.
+the activity on the next worker after the heartbeat timeout (a local one
+after the workflow task's timeout): the worst case for a phase's
+idempotency. With ``NEXUS_TEST_CRASH_LOG=<file>`` the phase killed is
+appended to that file first (``phase_of``). Used by ``test_worker_kills.py``
+and ``test_phase_kills.py``; a test aid only, never part of the application.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,20 @@ from nexusctl.cli import main as cli_main
 CRASH_AFTER = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY", "")
 CRASH_AFTER_TYPE = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE", "")
 WORKFLOW_TYPE = os.environ.get("NEXUS_TEST_CRASH_WORKFLOW_TYPE", "ApplyAll")
+CRASH_LOG = os.environ.get("NEXUS_TEST_CRASH_LOG", "")
+
+
+def phase_of(activity_type: str, args: Sequence[Any]) -> str:
+    """The ApplyAll phase an activity runs: a gate's name, ``mark-<status>``, or
+    the activity's name (``controlplane.plan_packs`` -> ``plan-packs``)."""
+    arg: Any = args[0] if args else None
+    gate = getattr(arg, "gate", None)
+    if isinstance(gate, str):
+        return gate
+    name = activity_type.removeprefix("controlplane.").replace("_", "-")
+    if name == "mark":
+        return f"mark-{getattr(arg, 'phase', '')}"
+    return name
 
 
 class _CrashAfter(ActivityInboundInterceptor):
@@ -46,6 +63,9 @@ class _CrashAfter(ActivityInboundInterceptor):
         by_id = bool(CRASH_AFTER) and info.activity_id == CRASH_AFTER
         by_type = bool(CRASH_AFTER_TYPE) and info.activity_type == CRASH_AFTER_TYPE and bool(result)
         if info.workflow_type == WORKFLOW_TYPE and info.attempt == 1 and (by_id or by_type):
+            if CRASH_LOG:
+                with open(CRASH_LOG, "a") as log:
+                    log.write(phase_of(info.activity_type, input.args) + "\n")
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
