@@ -115,17 +115,13 @@ class _PhaseRunner:
             "start_to_close_timeout": PHASE_TIMEOUTS.get(name, SHORT),
             "retry_policy": PHASE_RETRY,
         }
-        local = name in LOCAL_PHASES and workflow.patched(LOCAL_PHASES_PATCH)
-        if not local:
-            # Every remote phase heartbeats (a ticker in the activity), so a dead
-            # worker is noticed within the heartbeat timeout whatever the phase.
-            # A local phase has no heartbeat: a dead worker's workflow task times
-            # out and the next worker runs the phase again.
-            opts["heartbeat_timeout"] = self.heartbeat
+        # Every remote phase heartbeats (a ticker in the activity), so a dead
+        # worker is noticed within the heartbeat timeout whatever the phase.
+        opts["heartbeat_timeout"] = self.heartbeat
         opts.update(kw)
         try:
-            if local:
-                result = await workflow.execute_local_activity_method(fn, arg, **opts)
+            if name in LOCAL_PHASES and workflow.patched(LOCAL_PHASES_PATCH):
+                result = await self._local_first(name, fn, arg, opts)
             else:
                 result = await workflow.execute_activity_method(fn, arg, **opts)
         except (ActivityError, *_LOCAL_FAILURES) as err:
@@ -147,6 +143,34 @@ class _PhaseRunner:
         if isinstance(result, str):
             report.detail = result
         return result
+
+    async def _local_first(self, name: str, fn: Any, arg: Any, opts: dict[str, Any]) -> Any:
+        """A short phase: one local attempt; if it fails and may be retried, the
+        phase runs as an activity with the phase's retries (patch
+        :data:`LOCAL_PHASES_PATCH`).
+
+        The local attempt runs inside the workflow task: no server round trip,
+        no heartbeat (a worker that dies in it is noticed by the workflow task's
+        timeout and the next worker runs it again), and queries wait for it.
+        Its retries would be invisible too, so a phase that fails is retried
+        as a normal activity: its attempts and last error show in ``nexusctl
+        progress`` and the Web UI as any phase's do. A non-retryable failure
+        (a ``FatalError``) fails the phase at once.
+        """
+        try:
+            return await workflow.execute_local_activity_method(
+                fn,
+                arg,
+                start_to_close_timeout=opts["start_to_close_timeout"],
+                retry_policy=LOCAL_ATTEMPT,
+            )
+        except _LOCAL_FAILURES as err:
+            if isinstance(err, ApplicationError) and err.non_retryable:
+                raise
+            workflow.logger.warning(
+                "phase %s: local attempt failed, retried as an activity: %s", name, err
+            )
+        return await workflow.execute_activity_method(fn, arg, **opts)
 
     async def _fail(self, phase: str, error: str) -> None:
         if not self.marks_failure or not self.epoch:
@@ -250,6 +274,9 @@ CUTOVER_PRECONDITION_PATCH = "controlplane-cutover-precondition"
 LOCAL_PHASES_PATCH = "controlplane-short-phases-local"
 """The short phases (:data:`LOCAL_PHASES`) run as local activities."""
 
+LOCAL_ATTEMPT = RetryPolicy(maximum_attempts=1)
+"""A local phase's one attempt; its retries run as an activity (``_local_first``)."""
+
 LOCAL_PHASES = frozenset(
     {
         "classify",
@@ -274,13 +301,16 @@ LOCAL_PHASES = frozenset(
 Each is a marker write, a lease, a read-only check or a cache load: a few
 milliseconds of work whose round trip through the server (workflow task,
 activity task, workflow task: about 16 ms each on a 2-core box) was most of
-its cost; a chain of local activities runs inside one workflow task. They
-keep the phase's start-to-close timeout and retry policy; a local activity
-has no heartbeat, so a worker that dies in one is noticed by its workflow
-task's timeout and the phase runs again on the next worker (every one of
-them is safe to repeat, as a retry is). The phases that do the work
-(plan, metadata, repair, packs, derived, indexes, verify) stay activities
-that heartbeat, on any worker of the task queue.
+its cost; a chain of local activities runs inside one workflow task. One
+local attempt, with the phase's start-to-close timeout; a failure that may
+be retried runs the phase again as an activity with the phase's retry
+policy (``_PhaseRunner._local_first``), so a retrying phase shows its
+attempts as before. A local activity has no heartbeat: a worker that dies
+in one is noticed by its workflow task's timeout and the phase runs again
+on the next worker (every one of them is safe to repeat, as a retry is).
+The phases that do the work (plan, metadata, repair, packs, derived,
+indexes, verify) stay activities that heartbeat, on any worker of the task
+queue.
 """
 
 APPLY_ALL_PHASES = [
