@@ -440,3 +440,27 @@ async def test_the_queue_survives_a_worker_restart(
     (repair,) = await listed(client, settings, "RunRepair", 1)
     (indexes,) = await listed(client, settings, "EnsureIndexes", 1)
     assert repair.close_time is not None and repair.close_time <= indexes.start_time
+
+
+def test_an_operations_task_timeout_follows_its_heartbeat_timeout_within_2_to_10_s() -> None:
+    """A worker that dies in a local phase is noticed by the task timeout: the
+    operator's heartbeat timeout, never under 2 s nor over Temporal's 10 s."""
+    from datetime import timedelta
+
+    from nexuscrm.contracts import ApplyAllInput
+    from nexuscrm.contracts.controlplane_queue import ControlPlaneRequest, RemovePackInput
+    from workflows.controlplane_queue import child_task_timeout
+
+    def apply_all(hb: float) -> ControlPlaneRequest:
+        return ControlPlaneRequest(
+            operation="ApplyAll", apply_all=ApplyAllInput(heartbeat_timeout_seconds=hb)
+        )
+
+    assert child_task_timeout(apply_all(1)) == timedelta(seconds=2)
+    assert child_task_timeout(apply_all(3.5)) == timedelta(seconds=3.5)
+    assert child_task_timeout(apply_all(30)) == timedelta(seconds=10)
+    assert child_task_timeout(apply_all(float("nan"))) == timedelta(seconds=10)
+    remove = ControlPlaneRequest(
+        operation="RemovePack", remove_pack=RemovePackInput("p", heartbeat_timeout_seconds=4)
+    )
+    assert child_task_timeout(remove) == timedelta(seconds=4)

@@ -64,6 +64,12 @@ from workflows.controlplane import DATABASE_KEY, OPERATION_KEY, _PhaseRunner
 # Auto-start joins a queued identical request only, never a running one.
 AUTO_START_JOINS_QUEUED_PATCH = "controlplane-queue-auto-start-joins-queued"
 
+# An operation's workflow task timeout follows its heartbeat timeout (2 to 10 s).
+CHILD_TASK_TIMEOUT_PATCH = "controlplane-child-task-timeout"
+
+CHILD_TASK_TIMEOUT_RANGE_S = (2.0, 10.0)
+"""Bounds of an operation's workflow task timeout, in seconds (10 s is Temporal's default)."""
+
 # Finished entries kept for ``status`` (and for callers that look up their result late).
 RECENT_KEPT = 50
 
@@ -94,6 +100,24 @@ def _coalesces(req: ControlPlaneRequest) -> bool:
 
 def _child_arg(req: ControlPlaneRequest) -> Any:
     return req.apply_all or req.operation_input or req.remove_pack
+
+
+def child_task_timeout(req: ControlPlaneRequest) -> timedelta:
+    """Workflow task timeout of ``req``'s operation: its heartbeat timeout, within
+    :data:`CHILD_TASK_TIMEOUT_RANGE_S`.
+
+    ApplyAll's short phases run as local activities inside a workflow task, so a
+    worker that dies in one is noticed when that task times out, not by a
+    heartbeat: an operator who asked for a 3 s heartbeat timeout gets a 3 s
+    failover there too. Never under 2 s (a loaded worker's task would time out
+    and run again) nor over Temporal's default 10 s. The heartbeat timeout is
+    range-checked before the request is queued.
+    """
+    lo, hi = CHILD_TASK_TIMEOUT_RANGE_S
+    seconds = getattr(_child_arg(req), "heartbeat_timeout_seconds", hi)
+    if not isinstance(seconds, int | float) or seconds != seconds:
+        seconds = hi
+    return timedelta(seconds=min(hi, max(lo, float(seconds))))
 
 
 def _failure_message(err: BaseException) -> str:
@@ -160,12 +184,18 @@ class ControlPlaneEntity:
         # "starting" until the server has the child: a caller must not look it up before.
         entry.state = "starting"
         self.running = entry
+        task_timeout = (
+            child_task_timeout(entry.request)
+            if workflow.patched(CHILD_TASK_TIMEOUT_PATCH)
+            else None
+        )
         try:
             child = await workflow.start_child_workflow(
                 entry.operation,
                 _child_arg(entry.request),
                 id=entry.workflow_id,
                 task_queue=workflow.info().task_queue,
+                task_timeout=task_timeout,
                 result_type=ApplyAllResult,
                 search_attributes=TypedSearchAttributes(
                     [SearchAttributePair(DATABASE_KEY, self.database_id)]

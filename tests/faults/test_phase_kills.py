@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,11 @@ async def test_worker_killed_after_every_apply_all_phase_in_turn(
             "ApplyAll",
             ApplyAllInput(app_pack_sources=[str(pack)], heartbeat_timeout_seconds=1),
         )
+        # A dead worker's local phase is retried after the task timeout, which
+        # follows the 1 s heartbeat timeout down to its 2 s floor.
+        desc = await handle.describe()
+        task_timeout = desc.raw_description.execution_config.default_workflow_task_timeout
+        assert task_timeout.ToTimedelta() == timedelta(seconds=2), task_timeout
         while True:
             for _ in range(1200):
                 if proc.poll() is not None:
