@@ -424,3 +424,37 @@ def quiet_lock_conflicts(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable
             raise
 
     return wrapper
+
+
+class BatchLoad:
+    """Inbound batches running in this worker process, for background work that
+    yields to them (identity waits' completion, issue 16).
+
+    ``batch()`` wraps one ``connectors.process`` attempt (thread-safe);
+    ``busy()`` is true while one runs and for ``quiet_seconds`` after the last
+    ended (the next claim of a pool that just finished a batch). Process-local:
+    other worker processes' batches are not seen.
+    """
+
+    def __init__(self, quiet_seconds: float = 0.5) -> None:
+        self.quiet_seconds = quiet_seconds
+        self._lock = threading.Lock()
+        self._running = 0
+        self._last_end = float("-inf")
+
+    @contextlib.contextmanager
+    def batch(self) -> Any:
+        """Count one batch as running for the duration of the ``with`` block."""
+        with self._lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._last_end = time.monotonic()
+
+    def busy(self) -> bool:
+        """A batch runs, or one ended less than ``quiet_seconds`` ago."""
+        with self._lock:
+            return self._running > 0 or time.monotonic() - self._last_end < self.quiet_seconds

@@ -19,6 +19,7 @@ from temporalio import activity
 from temporalio.common import MetricMeter
 
 from activities.common import (
+    BatchLoad,
     expect_progress,
     fatal_is_final,
     keep_alive,
@@ -72,12 +73,15 @@ class ConnectorActivities:
         settings: Settings,
         config: knobs.ConnectorKnobs,
         metrics: NexusMetrics | None = None,
+        load: BatchLoad | None = None,
     ) -> None:
         self.engine = engine
         # The nexus_* metrics (no-op without a metrics endpoint).
         self.metrics = metrics or NexusMetrics(MetricMeter.noop)
         self.settings = settings
         self.knobs = config
+        # Batches running in this process (background identity work yields to them).
+        self.load = load or BatchLoad()
         # Frozen before the process starts, as the seed's SetRuntimeServingSelection.
         self.selection = (
             serving.load(settings.serving_selection) if settings.serving_selection else None
@@ -202,9 +206,10 @@ class ConnectorActivities:
                 )
             return bool(fenced["out"])
 
-        outcome = self.processor.process(
-            items, on_item=progress, should_stop=lambda: stop_requested() or superseded()
-        )
+        with self.load.batch():
+            outcome = self.processor.process(
+                items, on_item=progress, should_stop=lambda: stop_requested() or superseded()
+            )
         self.metrics.batch_ended(items, outcome)
         if outcome.released:
             log.warning("batch cut short; leases handed back", released=outcome.released)

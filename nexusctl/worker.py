@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
+from activities.common import BatchLoad
 from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
 from activities.controlplane_gates import GateActivities
@@ -159,8 +160,10 @@ def build_connector_worker(
         settings.database_url, pool_size=sizing.pool_size, max_overflow=sizing.max_overflow
     )
     metrics = client_metrics(client, engine)
-    acts = ConnectorActivities(engine, settings, config, metrics=metrics)
-    identity = IdentityActivities(engine, settings, metrics=metrics)
+    # The identity closer yields to this process's inbound batches.
+    load = BatchLoad()
+    acts = ConnectorActivities(engine, settings, config, metrics=metrics, load=load)
+    identity = IdentityActivities(engine, settings, metrics=metrics, load=load)
     connectors = Worker(
         with_bounded_failures(client),
         task_queue=task_queue or settings.connector_task_queue,

@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
+from activities.common import BatchLoad
 from activities.identity import IdentityActivities, start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue as wq
@@ -166,12 +167,14 @@ def wait_worker(
     resolver: Any,
     queue: str,
     config: IdentityWaitConfig | None = None,
+    load: BatchLoad | None = None,
 ) -> Worker:
     """A worker of the waits, ``RecoverOnce`` and ``NotifyOnce`` on ``queue``
-    (``config``: :func:`cfg` by default)."""
+    (``config``: :func:`cfg` by default; ``load``: the process's inbound
+    batches the closer yields to, none by default)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    acts = IdentityActivities(engine, settings, config or cfg(), resolver=resolver)
+    acts = IdentityActivities(engine, settings, config or cfg(), resolver=resolver, load=load)
     return Worker(
         client,
         task_queue=queue,

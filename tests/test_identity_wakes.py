@@ -25,7 +25,13 @@ from sqlalchemy.exc import OperationalError
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from activities.identity import PROBE_TIMED_OUT, IdentityActivities, start_wait
+from activities.common import BatchLoad
+from activities.identity import (
+    CLOSE_PAUSE_BUSY_S,
+    PROBE_TIMED_OUT,
+    IdentityActivities,
+    start_wait,
+)
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import processor
 from nexuscrm.connectors import queue as wq
@@ -354,3 +360,94 @@ async def test_wait_registered_after_its_items_woke_is_not_left_running(temporal
         assert {states[owned[d.key_hash][0]] for d in woken} == {"pending"}
         assert states[owned[still.key_hash][0]] == "blocked"
         await handles[still].terminate("test over")
+
+
+async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env, settings):
+    """Item 3: completing the waits a batch's direct write already woke costs the
+    server a signal, a workflow task and a close each, the CPU the woken
+    children's batches need. While the process runs a batch the closer sends
+    one ``wake`` every CLOSE_PAUSE_BUSY_S (counted from the server's closed
+    executions: never more than the pace allows); once the batches end, the
+    rest complete, and every item was pending from the direct write on."""
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    client = temporal_env.client
+    queue = settings.identity_task_queue
+    db = settings.database_id
+    ns = f"busy-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(8)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    load = BatchLoad()
+    parked = IdentityWaitConfig(max_wait_seconds=0)  # no expiry: only a wake ends a wait
+    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked, load)
+    handles = [client.get_workflow_handle(wait_workflow_id(db, d.key_hash)) for d in deps]
+
+    async def notify(req: WaitNotifyRequest) -> None:
+        await client.execute_workflow(
+            NotifyOnce.run, req, id=f"notify-{uuid.uuid4().hex}", task_queue=queue
+        )
+
+    async def closed() -> int:
+        statuses = [(await h.describe()).status for h in handles]
+        return sum(s != WorkflowExecutionStatus.RUNNING for s in statuses)
+
+    keys = [d.key_hash for d in deps]
+    async with worker:
+        blocked = [BlockedWait(owned[d.key_hash][0], d.key_hash, to_spec(d)) for d in deps]
+        await notify(WaitNotifyRequest(db, blocked, []))  # the children's waits park
+        assert await closed() == 0
+        batch = load.batch()
+        batch.__enter__()  # an inbound batch runs in this process
+        try:
+            start = time.monotonic()
+            await asyncio.to_thread(wq.wake_blocked_keys, engine, keys)  # the parent's write
+            await notify(WaitNotifyRequest(db, [], keys))
+            ids = [owned[k][0] for k in keys]
+            w = t.connector_work_item
+            with engine.connect() as conn:
+                states = conn.execute(select(w.c.State).where(w.c.WorkId.in_(ids))).all()
+            assert sorted(s for (s,) in states) == ["pending"] * len(deps)
+            seen = 0
+            while time.monotonic() - start < 1.2:
+                seen = await closed()
+                # A wake is sent CLOSE_PAUSE_BUSY_S after the one before.
+                allowed = int((time.monotonic() - start) / CLOSE_PAUSE_BUSY_S)
+                assert seen <= allowed, (seen, allowed)
+                await asyncio.sleep(0.05)
+            assert seen < len(deps)
+        finally:
+            batch.__exit__(None, None, None)
+        for _ in range(300):  # the batch ended: the rest at full pace
+            if await closed() == len(deps):
+                break
+            await asyncio.sleep(0.1)
+        assert await closed() == len(deps)
+        assert [await h.result() for h in handles] == [0] * len(deps)
+
+
+def test_batch_load_is_busy_while_a_batch_runs_and_just_after() -> None:
+    """``BatchLoad``: busy inside ``batch()`` (also from another thread) and for
+    ``quiet_seconds`` after the last batch ended, idle before any and after."""
+    import threading
+
+    load = BatchLoad(quiet_seconds=0.05)
+    assert not load.busy()
+    inside = threading.Event()
+    release = threading.Event()
+
+    def run() -> None:
+        with load.batch():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert inside.wait(10)
+    assert load.busy()
+    release.set()
+    thread.join(10)
+    time.sleep(0.1)
+    assert not load.busy()
+    with load.batch():
+        pass
+    assert load.busy()  # just ended: the pool's next claim follows
