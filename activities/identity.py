@@ -81,6 +81,11 @@ server a signal, a workflow task and the close, the same CPU the woken
 children's batches need (issue 16: 3,000 waits woken at once took 13.1 s with
 the closes at full pace, 6.8 s without them)."""
 
+CLOSE_MAX_DEFER_S = 60.0
+"""Longest a woken wait's completion waits for the process's batches: older
+ones are signalled at full pace, so under a load that never ends the waits
+left running stay about a minute's worth, not a growing backlog."""
+
 
 def config_from_env(env: Mapping[str, str] = os.environ) -> IdentityWaitConfig:
     """``IdentityWaitConfig`` with ``NEXUSCRM_CONNECTOR_IDENTITY_*`` overrides (seconds).
@@ -286,7 +291,10 @@ class IdentityActivities:
         self._sweep_candidates: dict[str, set[str]] = {}
         # Waits to complete in the background (database id -> key hashes), and
         # the task signalling them (see _close_later).
-        self._to_close: dict[str, set[str]] = {}
+        self._to_close: dict[str, dict[str, float]] = {}  # key -> monotonic time queued
+        # Pace of closes while batches run, and how long one may wait for them.
+        self.close_pause_busy_s = CLOSE_PAUSE_BUSY_S
+        self.close_max_defer_s = CLOSE_MAX_DEFER_S
         self._closer: asyncio.Task[None] | None = None
         # None: no owner authority (the seed's nil resolver): every probe fails,
         # so waits only reschedule and nothing ever expires; wakes still work.
@@ -509,28 +517,36 @@ class IdentityActivities:
         cores (issue 16). One task per process drains the keys,
         :data:`CLOSE_CONCURRENCY` signals at a time, or one every
         :data:`CLOSE_PAUSE_BUSY_S` while the process runs inbound batches
-        (:class:`~activities.common.BatchLoad`): the children finish first, the
+        (:class:`~activities.common.BatchLoad`) and the key was queued less
+        than :data:`CLOSE_MAX_DEFER_S` ago: the children finish first, the
         bookkeeping after. A key queued twice is signalled once. A key lost
         with the process leaves its wait running without blocked items:
         recovery's sweep asks it to probe and it ends.
         """
-        self._to_close.setdefault(database_id, set()).update(keys)
+        queued = self._to_close.setdefault(database_id, {})
+        now = time.monotonic()
+        for key in keys:
+            queued.setdefault(key, now)
         if self._closer is None or self._closer.done():
             self._closer = asyncio.get_running_loop().create_task(self._drain_closes(client))
 
     async def _drain_closes(self, client: Client) -> None:
         gate = asyncio.Semaphore(CLOSE_CONCURRENCY)
-        one_at_a_time = asyncio.Lock()
+        next_slot = 0.0  # monotonic time of the next paced close
         missing = 0
 
-        async def close(database_id: str, key: str) -> None:
+        async def close(database_id: str, key: str, queued_at: float) -> None:
+            nonlocal next_slot
             async with gate:
-                if not self.load.busy():
-                    await signal(database_id, key)
-                    return
-                async with one_at_a_time:
-                    await asyncio.sleep(CLOSE_PAUSE_BUSY_S)
-                    await signal(database_id, key)
+                # While batches run, one close per CLOSE_PAUSE_BUSY_S, unless this
+                # one has waited close_max_defer_s already (a backlog stays bounded).
+                while self.load.busy() and time.monotonic() - queued_at < self.close_max_defer_s:
+                    now = time.monotonic()
+                    if now >= next_slot:
+                        next_slot = now + self.close_pause_busy_s
+                        break
+                    await asyncio.sleep(min(next_slot - now, 0.1))  # busy and age move
+                await signal(database_id, key)
 
         async def signal(database_id: str, key: str) -> None:
             nonlocal missing
@@ -542,7 +558,7 @@ class IdentityActivities:
 
         while self._to_close:
             database_id, keys = self._to_close.popitem()
-            await asyncio.gather(*(close(database_id, k) for k in sorted(keys)))
+            await asyncio.gather(*(close(database_id, k, at) for k, at in sorted(keys.items())))
         if missing:
             log.info("wake of identity waits skipped: none runs", waits=missing)
 

@@ -168,13 +168,17 @@ def wait_worker(
     queue: str,
     config: IdentityWaitConfig | None = None,
     load: BatchLoad | None = None,
+    close_pacing: tuple[float, float] | None = None,
 ) -> Worker:
     """A worker of the waits, ``RecoverOnce`` and ``NotifyOnce`` on ``queue``
     (``config``: :func:`cfg` by default; ``load``: the process's inbound
-    batches the closer yields to, none by default)."""
+    batches the closer yields to, none by default; ``close_pacing``: seconds
+    between closes while batches run, and how long a close may yield to them)."""
     from concurrent.futures import ThreadPoolExecutor
 
     acts = IdentityActivities(engine, settings, config or cfg(), resolver=resolver, load=load)
+    if close_pacing is not None:
+        acts.close_pause_busy_s, acts.close_max_defer_s = close_pacing
     return Worker(
         client,
         task_queue=queue,

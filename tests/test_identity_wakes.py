@@ -362,13 +362,18 @@ async def test_wait_registered_after_its_items_woke_is_not_left_running(temporal
         await handles[still].terminate("test over")
 
 
-async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env, settings):
+@pytest.mark.parametrize("pacing", [(CLOSE_PAUSE_BUSY_S, 60.0), (30.0, 0.5)])
+async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env, settings, pacing):
     """Item 3: completing the waits a batch's direct write already woke costs the
     server a signal, a workflow task and a close each, the CPU the woken
     children's batches need. While the process runs a batch the closer sends
     one ``wake`` every CLOSE_PAUSE_BUSY_S (counted from the server's closed
     executions: never more than the pace allows); once the batches end, the
-    rest complete, and every item was pending from the direct write on."""
+    rest complete, and every item was pending from the direct write on. A close
+    that has waited its max deferral goes at full pace, batches or not (a
+    load that never ends leaves a bounded backlog: here 0.5 s, against a 30 s
+    pace that would take minutes)."""
+    pause, max_defer = pacing
     engine = make_engine(settings.database_url)
     t.system_metadata.create_all(engine)
     client = temporal_env.client
@@ -379,7 +384,9 @@ async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env
     owned = await asyncio.to_thread(_block_each, engine, deps)
     load = BatchLoad()
     parked = IdentityWaitConfig(max_wait_seconds=0)  # no expiry: only a wake ends a wait
-    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked, load)
+    worker = wait_worker(
+        client, settings, engine, lambda _e, _d: False, queue, parked, load, pacing
+    )
     handles = [client.get_workflow_handle(wait_workflow_id(db, d.key_hash)) for d in deps]
 
     async def notify(req: WaitNotifyRequest) -> None:
@@ -408,13 +415,21 @@ async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env
                 states = conn.execute(select(w.c.State).where(w.c.WorkId.in_(ids))).all()
             assert sorted(s for (s,) in states) == ["pending"] * len(deps)
             seen = 0
-            while time.monotonic() - start < 1.2:
+            while max_defer > 5 and time.monotonic() - start < 1.2:
                 seen = await closed()
-                # A wake is sent CLOSE_PAUSE_BUSY_S after the one before.
-                allowed = int((time.monotonic() - start) / CLOSE_PAUSE_BUSY_S)
+                # The first at once, each next one ``pause`` after the one before.
+                allowed = 1 + int((time.monotonic() - start) / pause)
                 assert seen <= allowed, (seen, allowed)
                 await asyncio.sleep(0.05)
-            assert seen < len(deps)
+            if max_defer > 5:
+                assert seen < len(deps)
+            else:  # past the deferral: all of them, the batch still running
+                for _ in range(200):
+                    if await closed() == len(deps):
+                        break
+                    await asyncio.sleep(0.1)
+                assert await closed() == len(deps)
+                assert load.busy()
         finally:
             batch.__exit__(None, None, None)
         for _ in range(300):  # the batch ended: the rest at full pace
