@@ -751,9 +751,41 @@ class IdentityActivities:
                 "identity convergence recovery stopped at its page bound",
                 pages=wq.RECOVERY_MAX_PAGES,
             )
+        if listed:
+            await self._mark_listed_alive(listed)
         if started:
             log.info("identity waits recovered", waits=started)
         return started
+
+    async def _mark_listed_alive(self, listed: set[str]) -> int:
+        """After a full list of the running waits: mark *every* blocked row of a
+        listed wait alive until the recheck, not only the rows whose mark had
+        expired.
+
+        Rows block one batch after another, so their marks expire one reconcile
+        after another; each expiry of 50 keys or more lists every running wait
+        again (10 pages for 10,000 waits, a namespace lookup per listed wait on
+        the server: most of the dev server's idle CPU with 10,000 parked, issue
+        16). Marked together, they are listed again together, once per
+        :data:`RECOVERY_RECHECK`. Pages by primary key, as the recheck does.
+        Returns the rows marked.
+        """
+        until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
+        marked = 0
+        after: tuple[datetime, str] | None = None
+        for _page in range(wq.RECOVERY_MAX_PAGES):
+            rows = await asyncio.to_thread(
+                functools.partial(wq.list_waitless_blocked, self.engine, after=after, now=until)
+            )
+            marks = {r.work_id: r.key_hash for r in rows if r.key_hash in listed and r.dependency}
+            marked += await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
+            activity.heartbeat()
+            if len(rows) < wq.RECOVERY_PAGE:
+                break
+            last = rows[-1]
+            assert last.blocked_at is not None
+            after = (last.blocked_at, last.work_id)
+        return marked
 
     def wait_activities(self) -> list[Callable[..., Any]]:
         """The activities an IdentityWait runs (probe; wake and expire as local activities)."""

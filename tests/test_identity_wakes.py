@@ -466,3 +466,72 @@ def test_batch_load_is_busy_while_a_batch_runs_and_just_after() -> None:
     with load.batch():
         pass
     assert load.busy()  # just ended: the pool's next claim follows
+
+
+async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait(
+    temporal_env, settings
+):
+    """Item 2, without chatter: rows block batch after batch, so their liveness
+    marks expire one reconcile after another, and every expiry of 50 keys or
+    more listed all running waits again. A recovery that listed them marks
+    every blocked row of a listed wait (not only the expired ones), so they
+    expire, and are listed, together once per recheck."""
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    client = temporal_env.client
+    queue = settings.identity_task_queue
+    ns = f"mark-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(60)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    parked = IdentityWaitConfig(max_wait_seconds=0)
+    w = t.connector_work_item
+    worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked)
+    async with worker:
+        for d in deps:
+            await start_wait(
+                client,
+                database_id=settings.database_id,
+                task_queue=queue,
+                dependency=d,
+                work_ids=owned[d.key_hash],
+                config=parked,
+            )
+        handles = [
+            client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash))
+            for d in deps
+        ]
+        query = (  # the server lists a wait once its first task set its attributes
+            "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
+            f"AND NexusDatabase='{settings.database_id}'"
+        )
+        for _ in range(300):
+            if (await client.count_workflows(query)).count >= len(deps):
+                break
+            await asyncio.sleep(0.1)
+        late = [owned[d.key_hash][0] for d in deps[55:]]  # blocked later: mark not expired
+        with engine.begin() as conn:
+            conn.execute(
+                w.update()
+                .where(w.c.State == "blocked")
+                .values(DependencyProbeAfter=utcnow() - timedelta(minutes=1))
+            )
+            conn.execute(
+                w.update()
+                .where(w.c.WorkId.in_(late))
+                .values(DependencyProbeAfter=utcnow() + timedelta(seconds=50))
+            )
+        started = await client.execute_workflow(
+            RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+        )
+        assert started == 0
+        ids = [owned[d.key_hash][0] for d in deps]
+        with engine.connect() as conn:
+            marks = dict(
+                conn.execute(
+                    select(w.c.WorkId, w.c.DependencyProbeAfter).where(w.c.WorkId.in_(ids))
+                ).all()
+            )
+        soon = utcnow() + timedelta(minutes=4)
+        assert all(marks[i] > soon for i in ids), sorted(i for i in ids if marks[i] <= soon)
+        for h in handles:
+            await h.terminate("test over")
