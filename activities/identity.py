@@ -190,6 +190,16 @@ def _running_query(database_id: str) -> str | None:
     )
 
 
+def _page_after(rows: list[wq.BlockedRow]) -> tuple[datetime, str] | None:
+    """Keyset position (``DependencyBlockedAt``, ``WorkId``) after a full page of
+    blocked rows; ``None`` after a short page (the last)."""
+    if len(rows) < wq.RECOVERY_PAGE:
+        return None
+    last = rows[-1]
+    assert last.blocked_at is not None
+    return (last.blocked_at, last.work_id)
+
+
 async def list_running_waits(client: Client, database_id: str) -> set[str] | None:
     """Key hashes of the database's running ``IdentityWait`` workflows (server visibility).
 
@@ -741,11 +751,9 @@ class IdentityActivities:
                 )
                 started += 1
             activity.heartbeat()
-            if len(rows) < wq.RECOVERY_PAGE:
+            after = _page_after(rows)
+            if after is None:
                 break
-            last = rows[-1]
-            assert last.blocked_at is not None
-            after = (last.blocked_at, last.work_id)
         else:
             log.warning(
                 "identity convergence recovery stopped at its page bound",
@@ -780,11 +788,9 @@ class IdentityActivities:
             marks = {r.work_id: r.key_hash for r in rows if r.key_hash in listed and r.dependency}
             marked += await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
             activity.heartbeat()
-            if len(rows) < wq.RECOVERY_PAGE:
+            after = _page_after(rows)
+            if after is None:
                 break
-            last = rows[-1]
-            assert last.blocked_at is not None
-            after = (last.blocked_at, last.work_id)
         return marked
 
     def wait_activities(self) -> list[Callable[..., Any]]:

@@ -192,6 +192,42 @@ def _block_each(engine: Any, deps: list[Dependency]) -> dict[str, list[str]]:
     return {d.key_hash: [i.work_id] for i, d in zip(items, deps, strict=True)}
 
 
+async def _blocked_deps(
+    settings: Any, prefix: str, n: int
+) -> tuple[Any, list[Dependency], dict[str, list[str]]]:
+    """The database's engine (tables created), ``n`` remote dependencies and an
+    item blocked on each (key hash -> its work ids)."""
+    engine = make_engine(settings.database_url)
+    t.system_metadata.create_all(engine)
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(n)]
+    owned = await asyncio.to_thread(_block_each, engine, deps)
+    return engine, deps, owned
+
+
+async def _start_waits(
+    client: Any,
+    settings: Any,
+    queue: str,
+    deps: list[Dependency],
+    owned: dict[str, list[str]],
+    config: IdentityWaitConfig,
+) -> list[Any]:
+    """Start the wait of each of ``deps`` with its owned items; their handles."""
+    for d in deps:
+        await start_wait(
+            client,
+            database_id=settings.database_id,
+            task_queue=queue,
+            dependency=d,
+            work_ids=owned[d.key_hash],
+            config=config,
+        )
+    return [
+        client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash)) for d in deps
+    ]
+
+
 @pytest.mark.parametrize("keys", [3, 60])  # 60: the server's list of running waits
 async def test_recovery_never_restarts_a_running_wait(temporal_env, settings, keys):
     """Item 2: liveness is the server's answer. Waits that run, whose rows' liveness
@@ -209,19 +245,7 @@ async def test_recovery_never_restarts_a_running_wait(temporal_env, settings, ke
     w = t.connector_work_item
     worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, sleepy)
     async with worker:
-        for d in deps:
-            await start_wait(
-                client,
-                database_id=settings.database_id,
-                task_queue=queue,
-                dependency=d,
-                work_ids=owned[d.key_hash],
-                config=sleepy,
-            )
-        handles = [
-            client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash))
-            for d in deps
-        ]
+        handles = await _start_waits(client, settings, queue, deps, owned, sleepy)
         for h in handles:  # each probed once and now sleeps
             for _ in range(300):
                 if (await h.query(IdentityWaitWorkflow.status)).state == "sleeping":
@@ -265,13 +289,9 @@ async def test_recovery_wakes_rows_whose_dependency_resolved_without_a_wait(temp
     the link, and starts waits only for the rest. The waits' probes are starved
     here (they never resolve), so a resolved row handed to a wait would stay
     blocked."""
-    engine = make_engine(settings.database_url)
-    t.system_metadata.create_all(engine)
+    engine, deps, owned = await _blocked_deps(settings, "rec", 6)
     client = temporal_env.client
     queue = settings.identity_task_queue
-    ns = f"rec-{uuid.uuid4().hex[:6]}"
-    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(6)]
-    owned = await asyncio.to_thread(_block_each, engine, deps)
     linked = deps[:4]
     now = utcnow()
     with engine.begin() as conn:
@@ -374,14 +394,10 @@ async def test_woken_waits_complete_one_at_a_time_while_batches_run(temporal_env
     load that never ends leaves a bounded backlog: here 0.5 s, against a 30 s
     pace that would take minutes)."""
     pause, max_defer = pacing
-    engine = make_engine(settings.database_url)
-    t.system_metadata.create_all(engine)
+    engine, deps, owned = await _blocked_deps(settings, "busy", 8)
     client = temporal_env.client
     queue = settings.identity_task_queue
     db = settings.database_id
-    ns = f"busy-{uuid.uuid4().hex[:6]}"
-    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(8)]
-    owned = await asyncio.to_thread(_block_each, engine, deps)
     load = BatchLoad()
     parked = IdentityWaitConfig(max_wait_seconds=0)  # no expiry: only a wake ends a wait
     worker = wait_worker(
@@ -476,30 +492,14 @@ async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait
     more listed all running waits again. A recovery that listed them marks
     every blocked row of a listed wait (not only the expired ones), so they
     expire, and are listed, together once per recheck."""
-    engine = make_engine(settings.database_url)
-    t.system_metadata.create_all(engine)
+    engine, deps, owned = await _blocked_deps(settings, "mark", 60)
     client = temporal_env.client
     queue = settings.identity_task_queue
-    ns = f"mark-{uuid.uuid4().hex[:6]}"
-    deps = [Dependency.remote(ns, ns, "Account", f"a{k}") for k in range(60)]
-    owned = await asyncio.to_thread(_block_each, engine, deps)
     parked = IdentityWaitConfig(max_wait_seconds=0)
     w = t.connector_work_item
     worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked)
     async with worker:
-        for d in deps:
-            await start_wait(
-                client,
-                database_id=settings.database_id,
-                task_queue=queue,
-                dependency=d,
-                work_ids=owned[d.key_hash],
-                config=parked,
-            )
-        handles = [
-            client.get_workflow_handle(wait_workflow_id(settings.database_id, d.key_hash))
-            for d in deps
-        ]
+        handles = await _start_waits(client, settings, queue, deps, owned, parked)
         query = (  # the server lists a wait once its first task set its attributes
             "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
             f"AND NexusDatabase='{settings.database_id}'"
