@@ -1,8 +1,9 @@
-"""Benchmark: one claim's statements at depth on MariaDB/MySQL, timed and EXPLAINed.
+"""Benchmark: one claim's statements at depth on MariaDB/MySQL or SQLite, timed and EXPLAINed.
 
 Usage:
     python bench/bench_claim_depth.py --mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test
         [--queued 100000] [--claims 5] [--batch 100]
+    python bench/bench_claim_depth.py --sqlite [--queued 100000] ...
 
 Enqueues ``--queued`` events (one source record each) into a fresh database,
 then runs ``--claims`` claims of ``--batch`` items (all classes, a budget
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -38,17 +40,31 @@ from tests.builders import event
 def main(argv: list[str] | None = None) -> None:
     """Run the claim-at-depth measurement (see the module docstring)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mysql-url", required=True)
+    parser.add_argument("--mysql-url")
+    parser.add_argument("--sqlite", action="store_true", help="a SQLite file instead of MariaDB")
+    parser.add_argument(
+        "--sqlite-analyze",
+        action="store_true",
+        help="run ANALYZE on the SQLite file first (nexusctl never does; MariaDB always is)",
+    )
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=5)
     parser.add_argument("--batch", type=int, default=100)
     args = parser.parse_args(argv)
+    if bool(args.mysql_url) == bool(args.sqlite):
+        parser.error("give exactly one of --mysql-url URL and --sqlite")
     name = f"nexus_b_{uuid.uuid4().hex[:8]}"
-    root = make_engine(args.mysql_url)
-    with root.begin() as conn:
-        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    url = make_url(args.mysql_url).set(database=name)
-    engine = make_engine(url.render_as_string(hide_password=False))
+    scratch = tempfile.TemporaryDirectory(prefix="claim-depth-")
+    if args.sqlite:
+        root = None
+        engine = make_engine(f"sqlite:///{scratch.name}/{name}.db")
+    else:
+        root = make_engine(args.mysql_url)
+        with root.begin() as conn:
+            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        url = make_url(args.mysql_url).set(database=name)
+        engine = make_engine(url.render_as_string(hide_password=False))
+    explain = "EXPLAIN QUERY PLAN " if args.sqlite else "EXPLAIN "
     try:
         ensure_system_schema(engine)
         started = time.perf_counter()
@@ -56,8 +72,11 @@ def main(argv: list[str] | None = None) -> None:
             last = min(args.queued, first + 5000)
             queue.enqueue(engine, [event("pack-1", f"k{j}", f"S{j}") for j in range(first, last)])
         print(f"enqueued {args.queued} in {time.perf_counter() - started:.1f} s")
-        with engine.connect() as conn:
-            conn.exec_driver_sql("ANALYZE TABLE _System_ConnectorWorkItem")
+        if args.sqlite_analyze or not args.sqlite:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(
+                    "ANALYZE" if args.sqlite else "ANALYZE TABLE _System_ConnectorWorkItem"
+                )
         spec = queue.ClaimSpec(
             installed_pack_id="pack-1",
             queue_classes=(),
@@ -101,14 +120,16 @@ def main(argv: list[str] | None = None) -> None:
                 plain = statement.replace(" FOR UPDATE SKIP LOCKED", "")
                 plain = plain.replace(" LOCK IN SHARE MODE", "")
                 cur = raw.cursor()
-                cur.execute("EXPLAIN " + plain, params)
-                print(f"EXPLAIN {head}")
+                cur.execute(explain + plain, params)
+                print(f"{explain}{head}")
                 for row in cur.fetchall():
                     print(f"    {row[:10]}")
     finally:
         engine.dispose()
-        with root.begin() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        if root is not None:
+            with root.begin() as conn:
+                conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

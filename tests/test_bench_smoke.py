@@ -223,3 +223,15 @@ def test_claim_depth_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "enqueued 300" in out and "statements per claim" in out
     assert "EXPLAIN SELECT" in out and "ix_ConnectorWorkItem_Claim" in out
+
+
+def test_claim_depth_bench_smoke_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
+    """The claim-at-depth bench on a SQLite file (the planner as nexusctl meets it, no
+    ANALYZE): claims timed, the query plans printed, each slice on the claim index."""
+    bench = _bench("bench_claim_depth")
+    bench.main(["--sqlite", "--queued", "300", "--claims", "2", "--batch", "20"])
+    out = capsys.readouterr().out
+    assert "enqueued 300" in out and "statements per claim" in out
+    assert "EXPLAIN QUERY PLAN SELECT" in out
+    assert "SEARCH w USING INDEX ix_ConnectorWorkItem_Claim" in out
+    assert "SCAN w" not in out  # no slice of the candidate scan reads the whole table

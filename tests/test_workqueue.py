@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -119,6 +120,103 @@ def test_enqueue_rejects_bad_requests_before_writing(engine: Engine) -> None:
     with pytest.raises(wq.InvalidWorkRequest, match="idempotency_key"):
         wq.enqueue(engine, [req("")])
     assert items(engine) == {}
+
+
+def _stored(engine: Engine) -> dict[str, tuple[str, str]]:
+    """Idempotency key -> (source id, payload text) of every stored event."""
+    e = t.connector_event
+    with engine.connect() as conn:
+        rows = conn.execute(select(e.c.IdempotencyKey, e.c.SourceId, e.c.Payload)).all()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def test_enqueue_refuses_a_key_reused_with_other_content(engine: Engine) -> None:
+    wq.enqueue(engine, [req("a"), req("b"), req("c")])
+    before = _stored(engine)
+    other_payload = req("a")
+    other_payload.payload = {"key": "a", "n": 2}
+    other_source = req("b", "elsewhere")
+    same_reordered = req("c")
+    same_reordered.payload = {"n": 1, "key": "c"}  # the same JSON value: a duplicate
+    with pytest.raises(wq.IdempotencyConflict) as info:
+        wq.enqueue(engine, [req("d"), other_payload, other_source, same_reordered])
+    message = str(info.value)
+    assert "2 of 4 request(s) reuse an idempotency key with other content" in message
+    assert "nothing enqueued" in message
+    assert "idempotency_key 'a': payload differ" in message
+    assert "idempotency_key 'b': source_id differ" in message
+    assert "'c'" not in message
+    assert info.value.inserted == 0 and len(info.value.conflicts) == 2
+    assert _stored(engine) == before  # 'd' was not enqueued either
+    # twice in one call with other content: refused, nothing written
+    with pytest.raises(wq.IdempotencyConflict, match="request 2: idempotency_key 'e'"):
+        wq.enqueue(engine, [req("e"), req("e", "other")])
+    assert _stored(engine) == before
+    # the same content again, keys in another order, is a duplicate
+    again = wq.enqueue(engine, [same_reordered, req("d")])
+    assert (again.inserted, again.duplicates) == (1, 1)
+
+
+def _race_for_keys(engine: Engine, writers: int, keys: int) -> tuple[dict[int, int], set[int]]:
+    """``writers`` threads enqueue the same ``keys`` keys, each with its own
+    payload and its own first key, in batches of 4, started together. Returns
+    each writer's count of events it was told were kept (``inserted`` of its
+    result or of its ``IdempotencyConflict``) and the writers not refused."""
+    outcome: dict[int, int] = {}
+    returned: set[int] = set()
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def run(n: int) -> None:
+        mine = []
+        for i in range(keys):
+            r = req(f"shared-{(i + n * keys // writers) % keys}")
+            r.payload = {"writer": n}
+            mine.append(r)
+        start.wait()
+        try:
+            outcome[n] = wq.enqueue(engine, mine, batch_size=4).inserted
+            returned.add(n)
+        except wq.IdempotencyConflict as exc:
+            outcome[n] = exc.inserted
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=run, args=(n,)) for n in range(writers)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    assert not errors
+    return outcome, returned
+
+
+def test_racing_enqueuers_of_one_key_with_other_content_each_learn_what_was_kept(
+    engine: Engine,
+) -> None:
+    # Writers race for the same 40 keys with their own payloads, all at once:
+    # each one's check before writing passes, then a batch meets another
+    # writer's event. Whatever the interleaving, no event is dropped unseen: a
+    # writer that was not refused stored all of its events, and a refused one
+    # was told in IdempotencyConflict.inserted exactly how many of its events
+    # were kept.
+    writers, keys = 4, 40
+    refused_after_writing = 0
+    for trial in range(5):
+        with engine.begin() as conn:
+            conn.execute(t.connector_work_item.delete())
+            conn.execute(t.connector_event.delete())
+        outcome, returned = _race_for_keys(engine, writers, keys)
+        kept = dict.fromkeys(range(writers), 0)
+        for _source, payload in _stored(engine).values():
+            kept[json.loads(payload)["writer"]] += 1
+        assert kept == outcome, trial
+        assert all(kept[n] == keys for n in returned), trial
+        refused_after_writing += sum(1 for n in outcome if n not in returned and outcome[n])
+        if refused_after_writing:
+            break
+    # the race this test is for happened: a batch met a key stored after the check
+    assert refused_after_writing
 
 
 def test_lane_ordinals_follow_enqueue_order(engine: Engine) -> None:

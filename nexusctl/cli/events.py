@@ -53,12 +53,14 @@ async def _wake(settings: Settings, install_id: str) -> None:
         await signal_fleet(await connect(settings), settings, "wake", install_id)
 
 
-def _enqueue(settings: Settings, requests: list[queue.EnqueueRequest], install_id: str) -> None:
+def _enqueue(
+    settings: Settings, requests: list[queue.EnqueueRequest], install_id: str, source: str
+) -> None:
     engine = open_engine(settings)
     try:
         result = queue.enqueue(engine, requests)
     except queue.InvalidWorkRequest as exc:
-        fail(str(exc))
+        fail(f"{source}: {exc}")
     console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
     asyncio.run(_wake(settings, install_id))
 
@@ -70,7 +72,9 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
     Keys: event_kind, idempotency_key, source_object, source_id, payload (an
     object), and optionally route_version, queue_class (interactive, default,
     bulk), target_object, target_remote_id. The whole file is checked first:
-    any problem (listed by line) enqueues nothing. Limits: 64 MiB a file, 1 MiB
+    any problem (listed by line) enqueues nothing. A key already stored is
+    skipped as a duplicate when its event is the same, and refused (exit 1,
+    nothing enqueued) when its content differs: one key is one event. Limits: 64 MiB a file, 1 MiB
     a line, 64 levels of JSON nesting.
     """
     settings = load_settings()
@@ -84,7 +88,7 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
         )
     except EventFileError as exc:
         fail(f"events file {file}: {exc}")
-    _enqueue(settings, requests, row.install_id)
+    _enqueue(settings, requests, row.install_id, f"events file {file}")
 
 
 @events_app.command("import-sfdx-data")
@@ -119,7 +123,7 @@ def events_import_sfdx_data(
         )  # fmt: skip
     except NexusError as exc:
         fail(str(exc))
-    _enqueue(settings, result.events, row.install_id)
+    _enqueue(settings, result.events, row.install_id, "data plan(s) " + ", ".join(map(str, plans)))
     report_refused(result.refused)
 
 

@@ -167,6 +167,30 @@ async def test_events_enqueue_refuses_hostile_files_whole_with_one_clear_error(
     assert res.exit_code == 0, res.output
     assert "enqueued 501 event(s)" in res.output
     assert counts(engine) == (501, 501)
+    # a later file that reuses a stored key with other content is refused
+    # whole, naming the file, the key and what differs; the same event again
+    # (its payload's keys in another order) is a duplicate
+    reordered = good(8)
+    reordered["payload"] = dict(reversed(list(reordered["payload"].items())))
+    changed = good(9, payload={"sobject": "Account", "remote_id": "h9", "fields": {"Name": "X"}})
+    path = tmp_path / "later.jsonl"
+    path.write_bytes(lines(good(900), reordered, changed, good(10, source_id="h10b")))
+    res = await invoke_async(["events", "enqueue", str(path)], env)
+    assert res.exit_code == 1 and not _crashed(res), res.output
+    for wanted in (
+        str(path),
+        "2 of 4 request(s) reuse an idempotency key with other content",
+        "nothing enqueued",
+        "'Account:h9': payload differ",
+        "'Account:h10': source_id differ",
+    ):
+        assert wanted in " ".join(res.output.split()), (wanted, res.output)
+    assert counts(engine) == (501, 501)
+    path.write_bytes(lines(good(900), reordered))
+    res = await invoke_async(["events", "enqueue", str(path)], env)
+    assert res.exit_code == 0, res.output
+    assert "enqueued 1 event(s), 1 duplicate(s) skipped" in res.output
+    assert counts(engine) == (502, 502)
 
 
 def test_enqueue_refuses_what_no_worker_can_process(db_url: str) -> None:

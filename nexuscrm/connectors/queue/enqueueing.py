@@ -25,6 +25,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     STATE_SUCCEEDED,
     WORK_ID_PREFIX,
     WORK_TYPE_CONNECTOR_EVENT,
+    IdempotencyConflict,
     InvalidWorkRequest,
     _e,
     _now,
@@ -171,8 +172,11 @@ def enqueue(
     batch (a few statements per batch: the lock, two sequence probes, one
     idempotency lookup, one multi-row INSERT per table). A request whose
     (installed_pack_id, idempotency_key) exists already — in the database or
-    earlier in ``requests`` — is skipped and counted in ``duplicates``; its
-    ``work_ids`` entry is the existing item. New rows: event with
+    earlier in ``requests`` — with the same content (event kind, route
+    version, source object and id, namespace, payload) is skipped and counted
+    in ``duplicates``; its ``work_ids`` entry is the existing item. With other
+    content it is refused (:class:`IdempotencyConflict`): one key is one
+    event, and a second event under it would be lost unseen. New rows: event with
     ``ExecutionOwner='work_item'`` and the next ``EnqueueOrdinal``; work item
     ``WorkType='ConnectorEvent'``, ``State='pending'``, ``Attempt=0``,
     ``RunAfter`` NULL, ``LaneOrdinal`` from the same sequence (see module doc).
@@ -181,7 +185,11 @@ def enqueue(
     the enqueue lock. A failed batch rolls back alone; earlier batches stay.
 
     Raises ``InvalidWorkRequest`` (before writing anything) listing every
-    malformed request (see :func:`_validate`), ``QueueLockTimeout`` when the
+    malformed request (see :func:`_validate`); ``IdempotencyConflict`` listing
+    every key reused with other content (before writing anything; or, when a
+    concurrent writer stored the key after that check, from the batch that
+    meets it, which rolls back, with ``inserted`` the events of the earlier
+    batches, which stay), ``QueueLockTimeout`` when the
     enqueue lock is busy for 30 s, and SQLAlchemy errors from the database.
     """
     if batch_size <= 0:
@@ -200,13 +208,128 @@ def enqueue(
             + "\n  ".join(problems[:20])
             + more
         )
+    conflicts = _conflicts_within(prepared)
+    with engine.connect() as conn:
+        for start in range(0, len(prepared), _CHECK_CHUNK):
+            conflicts += _stored_conflicts(conn, prepared[start : start + _CHECK_CHUNK])[1]
+    if conflicts:
+        raise _conflict_error(conflicts, len(requests), 0)
     result = EnqueueResult(inserted=0, duplicates=0, work_ids=[])
     for start in range(0, len(prepared), batch_size):
         batch = prepared[start : start + batch_size]
         when = _now(now)
-        with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
-            _enqueue_batch(conn, batch, when, result)
+        try:
+            with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
+                _enqueue_batch(conn, batch, when, result)
+        except IdempotencyConflict as exc:
+            raise _conflict_error(exc.conflicts, len(requests), result.inserted) from None
     return result
+
+
+_CHECK_CHUNK = 500
+"""Keys per statement of the conflict check before writing."""
+
+_CONTENT = (
+    ("namespace", "Namespace"),
+    ("event_kind", "EventKind"),
+    ("route_version", "RouteVersion"),
+    ("source_object", "SourceObject"),
+    ("source_id", "SourceId"),
+)
+
+
+def _differs(req: EnqueueRequest, mine: str, payload: Any, fields: Sequence[Any]) -> str:
+    """The content fields (comma-separated) on which ``req`` (its payload's
+    JSON text ``mine``) differs from an event given as its ``_CONTENT`` values
+    (``fields``) and ``payload`` (a JSON value); ``''`` when it is the same
+    event. Payloads compare as JSON values: key order does not count."""
+    out = [
+        attr
+        for (attr, _c), theirs in zip(_CONTENT, fields, strict=True)
+        if getattr(req, attr) != theirs
+    ]
+    if payload != json.loads(mine):
+        out.append("payload")
+    return ", ".join(out)
+
+
+def _stored_payload(stored: str | None, mine: str) -> Any:
+    """A stored event's payload as a JSON value (``mine``'s text: same string, no parse)."""
+    if stored == mine:
+        return json.loads(mine)
+    try:
+        return json.loads(stored) if stored is not None else None
+    except ValueError:
+        return stored
+
+
+def _conflicts_within(prepared: Sequence[tuple[EnqueueRequest, str, str]]) -> list[str]:
+    """One line per request that reuses an earlier request's key with other content."""
+    first: dict[tuple[str, str], tuple[int, EnqueueRequest, str]] = {}
+    out: list[str] = []
+    for n, (req, payload, _q) in enumerate(prepared, start=1):
+        seen = first.setdefault((req.installed_pack_id, req.idempotency_key), (n, req, payload))
+        if seen[0] != n:
+            _n, other, theirs = seen
+            fields = [getattr(other, a) for a, _c in _CONTENT]
+            diff = _differs(req, payload, _stored_payload(theirs, payload), fields)
+            if diff:
+                out.append(
+                    f"request {n}: idempotency_key {req.idempotency_key!r}: {diff} differ "
+                    f"from request {seen[0]} with the same key"
+                )
+    return out
+
+
+def _stored_conflicts(
+    conn: Connection, batch: Sequence[tuple[EnqueueRequest, str, str]]
+) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """The stored events of ``batch``'s keys, ``(pack, key) -> EventId``, and one
+    line per request whose key is stored with other content."""
+    by_pack: dict[str, set[str]] = {}
+    for req, _p, _q in batch:
+        by_pack.setdefault(req.installed_pack_id, set()).add(req.idempotency_key)
+    rows: dict[tuple[str, str], Any] = {}
+    for pack, keys in by_pack.items():
+        for row in conn.execute(
+            select(
+                _e.c.IdempotencyKey,
+                _e.c.EventId,
+                _e.c.Payload,
+                *(_e.c[column] for _a, column in _CONTENT),
+            ).where(_e.c.InstalledPackId == pack, _e.c.IdempotencyKey.in_(sorted(keys)))
+        ).all():
+            rows[(pack, row.IdempotencyKey)] = row
+    problems: list[str] = []
+    for req, payload, _q in batch:
+        found = rows.get((req.installed_pack_id, req.idempotency_key))
+        if found is None:
+            continue
+        stored = _stored_payload(found.Payload, payload)
+        diff = _differs(req, payload, stored, [getattr(found, column) for _a, column in _CONTENT])
+        if diff:
+            problems.append(
+                f"idempotency_key {req.idempotency_key!r}: {diff} differ from the stored "
+                f"event {found.EventId}"
+            )
+    return {ident: row.EventId for ident, row in rows.items()}, problems
+
+
+def _conflict_error(conflicts: list[str], total: int, inserted: int) -> IdempotencyConflict:
+    kept = (
+        "nothing enqueued"
+        if not inserted
+        else f"{inserted} event(s) of earlier batches enqueued and kept, the rest not"
+    )
+    more = f"\n  ... and {len(conflicts) - 20} more" if len(conflicts) > 20 else ""
+    return IdempotencyConflict(
+        f"{len(conflicts)} of {total} request(s) reuse an idempotency key with other "
+        f"content (one key is one event; give the new event its own key), {kept}:\n  "
+        + "\n  ".join(conflicts[:20])
+        + more,
+        conflicts,
+        inserted,
+    )
 
 
 def _enqueue_batch(
@@ -215,17 +338,9 @@ def _enqueue_batch(
     now: datetime,
     result: EnqueueResult,
 ) -> None:
-    by_pack: dict[str, set[str]] = {}
-    for req, _p, _q in batch:
-        by_pack.setdefault(req.installed_pack_id, set()).add(req.idempotency_key)
-    existing: dict[tuple[str, str], str] = {}  # (pack, key) -> EventId
-    for pack, keys in by_pack.items():
-        for key, event_id in conn.execute(
-            select(_e.c.IdempotencyKey, _e.c.EventId).where(
-                _e.c.InstalledPackId == pack, _e.c.IdempotencyKey.in_(sorted(keys))
-            )
-        ).all():
-            existing[(pack, key)] = event_id
+    existing, conflicts = _stored_conflicts(conn, batch)  # (pack, key) -> EventId
+    if conflicts:  # stored by a concurrent writer since enqueue's check
+        raise IdempotencyConflict("", conflicts)
     existing_work = _current_work_ids(conn, list(existing.values())) if existing else {}
     companions = _freeze_companions(conn, [req for req, _p, _q in batch])
 

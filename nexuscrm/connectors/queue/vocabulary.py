@@ -85,6 +85,24 @@ class InvalidWorkRequest(FatalError, ValueError):
     """An enqueue request is malformed (empty key, unserializable payload ...)."""
 
 
+class IdempotencyConflict(InvalidWorkRequest):
+    """An idempotency key is reused with other content than its stored event.
+
+    One key is one event: enqueuing a key again is a no-op only when the event
+    is the same (kind, route version, source object and id, namespace,
+    payload). Otherwise the new event would be dropped unseen as a duplicate,
+    so :func:`~nexuscrm.connectors.queue.enqueueing.enqueue` refuses it.
+    ``conflicts`` lists one line per key; ``inserted`` counts the events that
+    earlier batches of the same call committed before a concurrent writer's
+    event was found (0 when the check before writing found it).
+    """
+
+    def __init__(self, message: str, conflicts: list[str], inserted: int = 0) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
+        self.inserted = inserted
+
+
 class QueueLockTimeout(NexusError, TimeoutError):
     """A queue lock (enqueue or per-pack claim) was not granted in time.
 
