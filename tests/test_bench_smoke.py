@@ -225,11 +225,16 @@ def test_claim_depth_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert "EXPLAIN SELECT" in out and "ix_ConnectorWorkItem_Claim" in out
 
 
-def test_claim_depth_bench_smoke_on_sqlite(capsys: pytest.CaptureFixture[str]) -> None:
-    """The claim-at-depth bench on a SQLite file (the planner as nexusctl meets it, no
-    ANALYZE): claims timed, the query plans printed, each slice on the claim index."""
+@pytest.mark.parametrize("analyze", [False, True], ids=["no-stats", "analyzed"])
+def test_claim_depth_bench_smoke_on_sqlite(
+    capsys: pytest.CaptureFixture[str], analyze: bool
+) -> None:
+    """The claim-at-depth bench on a SQLite file, as nexusctl meets it (no ANALYZE) and
+    after an ANALYZE taken while every item was pending (its statistics say one state
+    per pack): claims timed, the query plans printed, each slice on the claim index."""
     bench = _bench("bench_claim_depth")
-    bench.main(["--sqlite", "--queued", "300", "--claims", "2", "--batch", "20"])
+    extra = ["--sqlite-analyze"] if analyze else []
+    bench.main(["--sqlite", "--queued", "300", "--claims", "2", "--batch", "20", *extra])
     out = capsys.readouterr().out
     assert "enqueued 300" in out and "statements per claim" in out
     assert "EXPLAIN QUERY PLAN SELECT" in out

@@ -32,6 +32,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     _a,
     _case,
     _e,
+    _in_processing,
     _lease_until,
     _normalize_classes,
     _now,
@@ -40,7 +41,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     fence_value,
 )
 from nexuscrm.cutover import schema_missing
-from nexuscrm.db.dialect import describe_error
+from nexuscrm.db.dialect import describe_error, dialect_name
 from nexuscrm.log import log
 
 
@@ -172,7 +173,7 @@ def _claim_locked(engine: Engine, spec: ClaimSpec, *, full: bool) -> list[Any]:
                 *((_w.c.WorkId, _w.c.LeaseOwner, _w.c.LeaseToken) if keyed else ()),
             ).where(
                 _w.c.InstalledPackId == spec.installed_pack_id,
-                _w.c.State == STATE_PROCESSING,
+                _in_processing(_w, dialect_name(conn) == "sqlite"),
                 _w.c.WorkType.in_(CLAIMABLE_WORK_TYPES),
             )
         ).all()

@@ -32,7 +32,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     NON_TERMINAL_STATES,
     STATE_PENDING,
-    STATE_PROCESSING,
+    _in_processing,
     _parked,
     _w,
 )
@@ -250,7 +250,7 @@ def _scan_statement(sqlite: bool, filtered: bool, shape: tuple[tuple[str, bool],
             # Stale leases are few (bounded by the processing budget): take them
             # all, unordered, so the planner scans the claim index range.
             conds += [
-                w.c.State == STATE_PROCESSING,
+                _in_processing(w, sqlite),
                 or_(w.c.LeaseUntil.is_(None), w.c.LeaseUntil < now),
                 ~_parked(w),
             ]
