@@ -50,6 +50,9 @@ NUMERIC_RANGES: dict[str, NumericRange] = {
         "NEXUS_IDENTITY_PROBES_PER_SECOND", 0, 10_000, "probes per second", low_open=True
     ),
     "worker_shutdown_seconds": NumericRange("NEXUS_WORKER_SHUTDOWN_SECONDS", 0, 3600, "seconds"),
+    "sticky_queue_timeout_seconds": NumericRange(
+        "NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS", 1, 60, "seconds"
+    ),
     "connector_pack_allowance": NumericRange("NEXUS_CONNECTOR_PACK_ALLOWANCE", 1, 1000, "packs"),
     "connector_max_activity_slots": NumericRange(
         "NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS", 1, 10_000, "slots"
@@ -139,6 +142,12 @@ class Settings(BaseSettings):
         ``graceful_shutdown_timeout``: after SIGTERM, activities in flight get
         this long to finish (a batch stops starting items and hands the rest
         back at once) before they are cancelled; default 30.
+      sticky_queue_timeout_seconds [NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS]: the
+        workers' ``sticky_queue_schedule_to_start_timeout``: a workflow's next
+        task waits this long for the worker that ran its last one (and holds
+        its state in memory) before any worker may take it, replaying the
+        history. After a worker is killed, its workflows resume this much
+        later; default 3 (Temporal's own is 10).
       connector_pack_allowance [NEXUS_CONNECTOR_PACK_ALLOWANCE]: packs a
         connector worker is sized for at least (more if more are installed
         when it starts); default 4. See ``nexuscrm.connectors.sizing``.
@@ -172,6 +181,7 @@ class Settings(BaseSettings):
     identity_task_queue: str = ""
     identity_probes_per_second: float = 20.0
     worker_shutdown_seconds: float = 30.0
+    sticky_queue_timeout_seconds: float = 3.0
     connector_pack_allowance: int = 4
     connector_max_activity_slots: int = 128
     env: str = "development"

@@ -80,6 +80,10 @@ def _shutdown_timeout(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.worker_shutdown_seconds)
 
 
+def _sticky_timeout(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.sticky_queue_timeout_seconds)
+
+
 def client_metrics(client: Client, engine: Engine | None = None) -> NexusMetrics:
     """The ``nexus_*`` metrics on the meter of ``client``'s runtime (no-op when that
     runtime exports no metrics, e.g. the SDK's default runtime)."""
@@ -109,6 +113,7 @@ def build_identity_worker(
         activities=identity.wait_activities(),
         activity_executor=ThreadPoolExecutor(max_workers=IDENTITY_THREADS),
         graceful_shutdown_timeout=_shutdown_timeout(settings),
+        sticky_queue_schedule_to_start_timeout=_sticky_timeout(settings),
         # Probes are single-flight per process (see IdentityActivities): more
         # slots would only park probes behind the semaphore.
         max_concurrent_activities=2,
@@ -174,6 +179,7 @@ def build_connector_worker(
         max_concurrent_activities=sizing.activities,
         max_concurrent_local_activities=sizing.local_activities,
         graceful_shutdown_timeout=_shutdown_timeout(settings),
+        sticky_queue_schedule_to_start_timeout=_sticky_timeout(settings),
     )
     background: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = ()
     if metrics.enabled:
@@ -201,6 +207,7 @@ def build_worker(client: Client, settings: Settings, task_queue: str | None = No
         activity_executor=ThreadPoolExecutor(max_workers=8),
         max_concurrent_activities=8,
         graceful_shutdown_timeout=_shutdown_timeout(settings),
+        sticky_queue_schedule_to_start_timeout=_sticky_timeout(settings),
     )
 
 

@@ -20,11 +20,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, inspect, select, table
+from temporalio.api.enums.v1 import TimeoutType
+from temporalio.client import WorkflowHistory
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput
@@ -37,6 +39,26 @@ from tests.conftest import fresh_database_url
 from tests.faults.test_worker_kills import wide_pack
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+STICKY_S = 1
+"""The killed workers' NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS."""
+
+
+def sticky_handoffs(history: WorkflowHistory) -> list[float]:
+    """Seconds each workflow task waited on a (dead) worker's sticky queue before
+    the server timed it out (schedule-to-start) and let any worker take it."""
+    scheduled: dict[int, datetime] = {}
+    waits = []
+    for ev in history.events:
+        if ev.HasField("workflow_task_scheduled_event_attributes"):
+            scheduled[ev.event_id] = ev.event_time.ToDatetime()
+        if ev.HasField("workflow_task_timed_out_event_attributes"):
+            attrs = ev.workflow_task_timed_out_event_attributes
+            if attrs.timeout_type == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                since = scheduled[attrs.scheduled_event_id]
+                waits.append((ev.event_time.ToDatetime() - since).total_seconds())
+    return waits
 
 
 def crashing_worker(
@@ -52,6 +74,7 @@ def crashing_worker(
         "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
         "NEXUS_LOG_FORMAT": "json",
         "NEXUS_LOG_LEVEL": "WARNING",
+        "NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS": str(STICKY_S),
         "NEXUS_TEST_CRASH_AFTER_ACTIVITY": str(after),
         "NEXUS_TEST_CRASH_LOG": str(log),
     }
@@ -108,11 +131,18 @@ async def test_worker_killed_after_every_apply_all_phase_in_turn(
             after += 1
             proc = crashing_worker(settings, temporal_env, after, log)
         result = await handle.result()
+        history = await handle.fetch_history()
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(60)
     assert result.status == "completed", result
+    # A workflow task left on a killed worker's sticky queue went to the next
+    # worker after NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS (server time), not
+    # Temporal's default 10 s.
+    handoffs = sticky_handoffs(history)
+    assert handoffs, "no workflow task waited on a dead worker's sticky queue"
+    assert all(STICKY_S - 0.1 <= s < STICKY_S + 1 for s in handoffs), handoffs
     # The phase each kill hit, as the killed worker wrote it (a local phase's
     # search attribute never reaches the server when its workflow task dies).
     killed = log.read_text().split()
