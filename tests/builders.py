@@ -207,9 +207,33 @@ def applied_twice(engine: Engine) -> list[str]:
 
 
 def last_phones(engine: Engine) -> dict[str, str]:
-    """``{Account Name: Phone}``: what :func:`account_versions` left in the database."""
+    """``{Account Name: Phone}``: what :func:`account_versions` left in the database.
+
+    Every Account row counts, and so does its remote link: a name stored on a
+    second record (an event applied as a new record) appears again as
+    ``'<name> (copy 2)'``, a record no remote link points to as
+    ``'<name> (unlinked)'`` and a link to no record as ``'(link to missing
+    <RecordId>)'``, so comparing with the expected mapping shows each one.
+    """
+    rl = t.connector_remote_link
     with engine.connect() as conn:
-        return {str(n): str(p) for n, p in conn.execute(text("SELECT Name, Phone FROM Account"))}
+        rows = conn.execute(text("SELECT Id, Name, Phone FROM Account ORDER BY Name, Id")).all()
+        links = set(
+            conn.execute(select(rl.c.RecordId).where(rl.c.DestinationObject == "Account")).scalars()
+        )
+    out: dict[str, str] = {}
+    for record_id, name, phone in rows:
+        key = str(name)
+        copy = 2
+        while key in out:
+            key = f"{name} (copy {copy})"
+            copy += 1
+        if record_id not in links:
+            key += " (unlinked)"
+        out[key] = str(phone)
+    for missing in sorted(links - {r[0] for r in rows}):
+        out[f"(link to missing {missing})"] = ""
+    return out
 
 
 def hook_events(install_id: str, keys: list[str]) -> list[queue.EnqueueRequest]:

@@ -6,7 +6,10 @@ activity id ``N`` of a workflow of type ``NEXUS_TEST_CRASH_WORKFLOW_TYPE``
 (default ``ApplyAll``) runs to its end (its writes are committed) and the
 process is killed before the worker reports the completion. Or with
 ``NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE=T``: killed after the first activity
-(or local activity) of type ``T`` whose result is not empty. The server retries
+(or local activity) of type ``T`` whose result is not empty. Or with
+``NEXUS_TEST_CRASH_IN_ACTIVITY_TYPE=T``: killed while the first attempt of the
+first activity of type ``T`` runs, ``NEXUS_TEST_CRASH_IN_DELAY_S`` (0.05) after
+it started (mid-work; an attempt that ends sooner is not killed). The server retries
 the activity on the next worker after the heartbeat timeout (a local one
 after the workflow task's timeout): the worst case for a phase's
 idempotency. With ``NEXUS_TEST_CRASH_LOG=<file>`` the phase killed is
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,16 @@ CRASH_AFTER = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY", "")
 CRASH_AFTER_TYPE = os.environ.get("NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE", "")
 WORKFLOW_TYPE = os.environ.get("NEXUS_TEST_CRASH_WORKFLOW_TYPE", "ApplyAll")
 CRASH_LOG = os.environ.get("NEXUS_TEST_CRASH_LOG", "")
+CRASH_IN_TYPE = os.environ.get("NEXUS_TEST_CRASH_IN_ACTIVITY_TYPE", "")
+CRASH_IN_DELAY_S = float(os.environ.get("NEXUS_TEST_CRASH_IN_DELAY_S", "0.05"))
+
+
+def _kill_now(phase: str) -> None:
+    """Append ``phase`` to the crash log, then SIGKILL this process."""
+    if CRASH_LOG:
+        with open(CRASH_LOG, "a") as log:
+            log.write(phase + "\n")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def phase_of(activity_type: str, args: Sequence[Any]) -> str:
@@ -57,15 +71,26 @@ def phase_of(activity_type: str, args: Sequence[Any]) -> str:
 
 class _CrashAfter(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        result = await self.next.execute_activity(input)
         info = activity.info()
+        timer = None
+        if (
+            CRASH_IN_TYPE
+            and info.activity_type == CRASH_IN_TYPE
+            and info.workflow_type == WORKFLOW_TYPE
+            and info.attempt == 1
+        ):
+            phase = phase_of(info.activity_type, input.args)
+            timer = threading.Timer(CRASH_IN_DELAY_S, _kill_now, args=(phase,))
+            timer.start()
+        try:
+            result = await self.next.execute_activity(input)
+        finally:
+            if timer is not None:
+                timer.cancel()
         by_id = bool(CRASH_AFTER) and info.activity_id == CRASH_AFTER
         by_type = bool(CRASH_AFTER_TYPE) and info.activity_type == CRASH_AFTER_TYPE and bool(result)
         if info.workflow_type == WORKFLOW_TYPE and info.attempt == 1 and (by_id or by_type):
-            if CRASH_LOG:
-                with open(CRASH_LOG, "a") as log:
-                    log.write(phase_of(info.activity_type, input.args) + "\n")
-            os.kill(os.getpid(), signal.SIGKILL)
+            _kill_now(phase_of(info.activity_type, input.args))
         return result
 
 

@@ -1,12 +1,14 @@
 """SIGKILL of the worker in each long ApplyAll phase in turn (issue 17, crashes):
-one ApplyAll, its worker killed in rebuild-derived, the next one killed in
-ensure-indexes, the next in verify; the last worker completes the same
-workflow, and the database equals an uninterrupted run (schema and ``_System_*``
-rows, via ``snapshot``). The kill in apply-packs is ``tests/test_apply_all.py``."""
+one ApplyAll, its worker killed in the middle of rebuild-derived (50 ms after
+the phase's activity started, by ``crashing_worker.py``), the next one in the
+middle of ensure-indexes, the next in verify; the last worker completes the
+same workflow, and the database equals an uninterrupted run (schema and
+``_System_*`` rows, via ``snapshot``). The kill in apply-packs is
+``tests/test_apply_all.py``; kills after each phase's work,
+``test_phase_kills.py``."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -16,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from temporalio.service import RPCError
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput
@@ -29,6 +30,7 @@ from tests.conftest import fresh_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ["rebuild-derived", "ensure-indexes", "verify"]
+ACTIVITY = {phase: "controlplane." + phase.replace("-", "_") for phase in PHASES}
 
 
 def wide_pack(path: Path, objects: int = 80, fields: int = 12) -> Path:
@@ -56,7 +58,11 @@ def wide_pack(path: Path, objects: int = 80, fields: int = 12) -> Path:
     return path
 
 
-def worker(settings: Settings, temporal_env: Any) -> subprocess.Popen[bytes]:
+def killed_in(
+    settings: Settings, temporal_env: Any, activity_type: str, log: Path
+) -> subprocess.Popen[bytes]:
+    """A control-plane worker that SIGKILLs itself 50 ms into the first attempt of
+    ApplyAll's activity ``activity_type``, after appending the phase to ``log``."""
     env = {
         **os.environ,
         "NEXUS_DATABASE_URL": settings.database_url,
@@ -65,16 +71,19 @@ def worker(settings: Settings, temporal_env: Any) -> subprocess.Popen[bytes]:
         "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
         "NEXUS_LOG_FORMAT": "json",
         "NEXUS_LOG_LEVEL": "WARNING",
+        "NEXUS_TEST_CRASH_IN_ACTIVITY_TYPE": activity_type,
+        "NEXUS_TEST_CRASH_LOG": str(log),
     }
-    return subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
+    script = ROOT / "tests" / "faults" / "crashing_worker.py"
+    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
 
 
 async def test_worker_killed_in_each_long_phase_in_turn(
     temporal_env: Any, settings: Settings, tmp_path: Path
 ) -> None:
     pack = wide_pack(tmp_path / "wide.yaml")
-    killed: list[str] = []
-    proc = worker(settings, temporal_env)  # the queue needs a worker to take the request
+    log = tmp_path / "killed.txt"
+    proc = killed_in(settings, temporal_env, ACTIVITY[PHASES[0]], log)
     try:
         handle = await start_controlplane(
             temporal_env.client,
@@ -84,29 +93,17 @@ async def test_worker_killed_in_each_long_phase_in_turn(
         )
         for n, phase in enumerate(PHASES):
             if n:
-                proc = worker(settings, temporal_env)
-            status: dict[str, str] = {}
-            for _ in range(3000):
-                try:
-                    progress = await handle.query("progress")
-                except RPCError:  # the new worker is not polling yet (context canceled)
-                    await asyncio.sleep(0.2)
-                    continue
-                status = {p["name"]: p["status"] for p in progress}
-                if status.get(phase) != "pending":
-                    break
-                assert proc.poll() is None, "the worker died on its own"
-                await asyncio.sleep(0.02)
-            if status.get(phase) == "running":
-                proc.send_signal(signal.SIGKILL)
-                killed.append(phase)
-            else:
-                proc.terminate()
-            proc.wait(60)
+                proc = killed_in(settings, temporal_env, ACTIVITY[phase], log)
+            try:
+                proc.wait(300)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"the worker was not killed in {phase}") from None
+            assert proc.returncode == -signal.SIGKILL, (phase, proc.returncode)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert killed, "no phase was running when its worker was killed"
+    # each kill hit its phase mid-work, as the killed worker wrote it
+    assert log.read_text().split() == PHASES
     catalog.CACHE.invalidate()
     async with build_worker(temporal_env.client, settings):
         result = await handle.result()
