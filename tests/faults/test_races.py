@@ -1,5 +1,6 @@
 """Races with real processes (issue 17, races): the same event enqueued from many
-processes at once is stored once; two worker processes on one task queue apply
+processes at once is stored once; two worker processes on one task queue both
+process events (read from each process's own Prometheus endpoint) and apply
 every event exactly once, each record at its last version."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.builders import (
     install,
     last_phones,
 )
+from tests.test_metrics import free_port, scrape_until, value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +73,13 @@ async def test_same_events_enqueued_by_many_processes_are_stored_once(
     assert (events, items) == (len(lines), len(lines))
 
 
+async def processed_by(port: int, labels: dict[str, str]) -> int:
+    """``nexus_events_processed_total`` with ``labels`` on the worker process
+    serving metrics on ``port`` (0 while it has none)."""
+    samples = await scrape_until(f"http://127.0.0.1:{port}/metrics", lambda s: True)
+    return int(value(samples, "nexus_events_processed_total", **labels) or 0)
+
+
 async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     temporal_env: Any, settings: Any
 ) -> None:
@@ -78,7 +87,7 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     await install(temporal_env, settings, [str(SF_SYNC)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    records, versions = 100, 4
+    records, versions = 200, 4
     queue.enqueue(engine, account_versions(pack.install_id, pack.namespace, records, versions))
     total = records * versions
     env = {
@@ -86,10 +95,16 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
         **cli_env(settings, temporal_env),
         "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
     }
+    ports = [free_port(), free_port()]
     workers = [
-        subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
-        for _ in range(2)
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")],
+            env={**env, "NEXUS_METRICS_ADDRESS": f"127.0.0.1:{port}"},
+            cwd=ROOT,
+        )
+        for port in ports
     ]
+    labels = {"pack": "salesforce-sync", "queue_class": "default", "outcome": "succeeded"}
     try:
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         w = t.connector_work_item
@@ -103,6 +118,14 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
                 break
             assert all(p.poll() is None for p in workers), "a worker process died"
             await asyncio.sleep(0.2)
+        # each process's own count of the events it processed: a batch's
+        # counter moves once its activity ends, just after its commit
+        per_process: list[int] = []
+        for _ in range(150):
+            per_process = [await processed_by(port, labels) for port in ports]
+            if sum(per_process) >= total:
+                break
+            await asyncio.sleep(0.2)
         await fleet.signal("stop")
         await fleet.result()
     finally:
@@ -111,6 +134,8 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
         for p in workers:
             p.wait(60)
     assert done == total
+    assert all(n > 0 for n in per_process), per_process  # both processes did work
+    assert sum(per_process) == total, per_process  # and no event was processed twice
     a = t.connector_work_attempt
     with engine.connect() as conn:
         owners = conn.execute(
