@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from pathlib import Path
 
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from nexuscrm.connectors import queue
@@ -14,6 +17,8 @@ from nexusctl.cli import app
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
+    SF_SYNC,
+    cli_env,
     connector_settings,
     fast_fleet,
     hook_events,
@@ -121,3 +126,41 @@ async def test_status_of_a_fleet_no_worker_runs_names_the_task_queue(temporal_en
         assert f"no worker polls task queue {settings.connector_task_queue}" in res.output
     finally:
         await fleet.terminate("test over")
+
+
+async def test_the_readme_events_file_example_is_enqueued_and_applied(
+    temporal_env, settings, tmp_path
+):
+    """The README's events-file line (a Contact with a lookup to its Account's remote
+    id), with the Account's own event after it, through ``events enqueue`` and the
+    fleet: both records stored, the Contact's AccountId the Account's record id."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Events files", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("\n```", 1)[0])
+    parent = {
+        "event_kind": "salesforce.record.upsert",
+        "idempotency_key": "Account:a1",
+        "source_object": "Account",
+        "source_id": "a1",
+        "payload": {"sobject": "Account", "remote_id": "a1", "fields": {"Name": "Acme"}},
+    }
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps(example) + "\n" + json.dumps(parent) + "\n")
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(SF_SYNC)])
+    engine = make_engine(settings.database_url)
+    env = {**os.environ, **cli_env(settings, temporal_env)}
+    res = await asyncio.to_thread(
+        CliRunner().invoke, app, ["events", "enqueue", str(path)], env=env
+    )
+    assert res.exit_code == 0, res.output
+    assert "enqueued 2 event(s)" in res.output
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        assert await wait_drained(engine) == {"succeeded": 2}
+        await fleet.signal("stop")
+        await fleet.result()
+    with engine.connect() as conn:
+        account = conn.execute(text("SELECT Id FROM Account WHERE Name = 'Acme'")).scalar_one()
+        contact = conn.execute(text("SELECT LastName, Email, AccountId FROM Contact")).one()
+    assert tuple(contact) == ("Ng", "ng@example.com", account)

@@ -387,6 +387,22 @@ def test_the_flow_fails_a_value_that_does_not_fit_before_any_io() -> None:
         assert message in str(info.value), str(info.value)
 
 
+def test_a_non_lookup_field_under_references_fails_mapping_before_any_io() -> None:
+    """A field named under ``references`` is a lookup whose value is the parent's
+    remote id: one that is not a lookup fails ``mapping`` (it was skipped unseen
+    when ``fields`` did not name it too). A lookup named only under
+    ``references`` is set: the README's example, ``test_connector_ops.py``."""
+    from nexuscrm.connectors.flows import FlowError, upsert_record
+
+    for fields in ({}, {"Title__c": "x"}):
+        payload = {"sobject": "Broker__c", "remote_id": "r1", "fields": fields,
+                   "references": {"Title__c": "p1"}}  # fmt: skip
+        with pytest.raises(FlowError) as info:
+            upsert_record(None, broker_catalog(), owner_key="o", namespace="n", payload=payload)  # type: ignore[arg-type]
+        assert info.value.failure_class == "mapping" and not info.value.retriable
+        assert "Broker__c.Title__c: named under references but not a lookup" in str(info.value)
+
+
 def test_a_data_file_symlinked_out_of_the_plan_folder_is_refused(tmp_path: Path) -> None:
     outside = tmp_path / "outside.json"
     outside.write_text(json.dumps({"records": [rec("Broker__c", "B1")]}))

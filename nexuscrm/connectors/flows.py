@@ -256,7 +256,14 @@ def _prepare(
     values: dict[str, Any] = {}
     refs: list[tuple[str, RemoteIdentity | None, str]] = []
     fields = dict(payload.get("fields") or {})
-    references = {k.lower(): v for k, v in (payload.get("references") or {}).items()}
+    raw_references = payload.get("references") or {}
+    references = {str(k).lower(): v for k, v in raw_references.items()}
+    # A lookup named only under "references" is set too (not silently skipped):
+    # it is a field of the event whose value is the parent's remote id.
+    named = {str(k).lower() for k in fields}
+    only_referenced = [str(k) for k in raw_references if str(k).lower() not in named]
+    for name in only_referenced:
+        fields[name] = raw_references[name]
     ident = RemoteIdentity(owner_key, namespace, obj.api_name, str(remote_id))
     if len(ident.remote_id) > MAX_REMOTE_ID_CHARS:
         raise FlowError(
@@ -271,6 +278,12 @@ def _prepare(
             if spec is None:
                 continue
             f, col = spec
+            if raw_name.lower() in references and f.type not in REFERENCE_TYPES:
+                raise FlowError(
+                    "mapping",
+                    f"{obj.api_name}.{col}: named under references but not a lookup field",
+                    retriable=False,
+                )
             if f is NAME_FIELD or f is OWNER_FIELD:
                 values[col] = _coerce(obj.api_name, f, col, value)
                 continue
@@ -412,7 +425,9 @@ def upsert_record(
     """Run the reference flow for one event; return (record id, its remote identity).
 
     payload: ``{"sobject": str, "remote_id": str, "fields": {name: value},
-    "references": {lookup field: remote id of the parent}}``. Field names are
+    "references": {lookup field: remote id of the parent}}``; a lookup field
+    may be given in either (``references`` wins); one named under
+    ``references`` that is no lookup fails ``mapping``. Field names are
     matched case-insensitively against the destination's columns (after
     ``field_map``); ``Name`` falls back to FirstName + LastName, then the
     remote id. Raises ``FlowError``: ``mapping`` (unknown object or field;
