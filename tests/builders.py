@@ -5,7 +5,8 @@
   :func:`plan_records` reads an SFDX data plan's records;
 - packs: :func:`connector_pack_doc` / :func:`write_connector_pack`,
   :func:`webhook_route`, :func:`hook_pack`, :func:`write_sfdx`;
-- databases: :func:`corpus_project`, :func:`snapshot`;
+- databases: :func:`corpus_project`, :func:`snapshot`, :func:`system_row_counts`,
+  :func:`db_state`, :func:`write_small_pack`, :func:`installed_state`;
 - control plane and fleet: :func:`apply_all`, :func:`install`,
   :func:`connector_settings`, :func:`fast_fleet`, :func:`wait_drained`,
   :func:`wait_pools`; identity invariant :func:`assert_no_blocked_on_linked`;
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import Engine, func, inspect, select, text
+from sqlalchemy import Engine, func, inspect, select, table, text
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
@@ -445,6 +446,54 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "fields": fields,
         "packs": packs,
     }
+
+
+def system_row_counts(engine: Engine) -> dict[str, int]:
+    """Rows of every ``_System_*`` table (a phase run twice must double nothing;
+    a refused run must add nothing)."""
+    names = [n for n in inspect(engine).get_table_names() if n.startswith("_System_")]
+    with engine.connect() as conn:
+        return {
+            n: conn.execute(select(func.count()).select_from(table(n))).scalar_one()
+            for n in sorted(names)
+        }
+
+
+def db_state(engine: Engine) -> tuple[dict[str, Any], dict[str, int]]:
+    """:func:`snapshot` and :func:`system_row_counts`: what a refused run must leave as it was."""
+    return snapshot(engine), system_row_counts(engine)
+
+
+def write_small_pack(path: Path, name: str = "small-app", obj: str = "Small__c") -> Path:
+    """A native AppPack ``name`` with one object ``obj`` (a Text and a Number field)."""
+    doc = {
+        "name": name,
+        "category": "AppPack",
+        "depends_on": ["platform-core"],
+        "objects": [
+            {
+                "api_name": obj,
+                "label": obj.removesuffix("__c"),
+                "fields": [
+                    {"api_name": "Note__c", "type": "Text", "length": 80},
+                    {"api_name": "Size__c", "type": "Number", "precision": 10, "scale": 2},
+                ],
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+async def installed_state(
+    env: WorkflowEnvironment, settings: Settings, tmp_path: Path
+) -> tuple[Engine, tuple[dict[str, Any], dict[str, int]]]:
+    """A database ApplyAll converged with one small app pack (:func:`write_small_pack`);
+    its engine (the caller disposes it) and its :func:`db_state`: what a refused
+    run must leave as it was."""
+    await install(env, settings, [str(write_small_pack(tmp_path / "small.yaml"))])
+    engine = make_engine(settings.database_url)
+    return engine, db_state(engine)
 
 
 # --- control plane and fleet -------------------------------------------------------

@@ -343,7 +343,8 @@ def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldC
         elif type_name:
             result = FieldSpec.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_field_problems(path, exc))
+        # The model checks the name again: a refused <fullName> is named once.
+        problems.extend(p for p in _field_problems(path, exc) if p not in problems)
     if problems or result is None:
         raise PackProblems(str(path), problems)
     return result

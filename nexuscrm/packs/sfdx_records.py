@@ -17,6 +17,7 @@ from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml.ElementTree as safe_et
 from defusedxml import DefusedXmlException
+from pydantic import ValidationError
 
 from nexuscrm.errors import ManifestError, Problem, problem_from
 from nexuscrm.packs.model import CustomLabel, RecordSpec, validate_identifier
@@ -68,12 +69,17 @@ def record_files(base: Path) -> Iterator[Path]:
     return _files_in(base, "customMetadata", RECORD_SUFFIX)
 
 
+# RecordSpec attribute -> where in a record file it comes from (for problems).
+_RECORD_ELEMENTS = {"developer_name": "DeveloperName (in the file name)", "label": "<label>"}
+
+
 def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
     """Parse one record file: ``(object api name, record)`` or the :class:`Problem`.
 
     Problems: a file name that is not ``<Type>.<Name>.md-meta.xml``, XML that
     does not parse or declares a DTD, a root that is not ``<CustomMetadata>``,
-    a ``<values>`` entry without ``<field>``.
+    a ``<values>`` entry without ``<field>``, a DeveloperName or label longer
+    than its column (every such problem of the file in one, naming where).
     """
     stem = path.name[: -len(RECORD_SUFFIX)]
     type_name, dot, developer_name = stem.partition(".")
@@ -100,9 +106,24 @@ def parse_record(path: Path) -> tuple[str, RecordSpec] | Problem:
             values[field_name] = None
         else:
             values[field_name] = value_el.text or ""
-    return object_api, RecordSpec(
-        developer_name=developer_name, label=label or developer_name, values=values
-    )
+    try:
+        record = RecordSpec(
+            developer_name=developer_name, label=label or developer_name, values=values
+        )
+    except ValidationError as exc:
+        return _record_problem(path, exc)
+    return object_api, record
+
+
+def _record_problem(path: Path, exc: ValidationError) -> Problem:
+    """One problem naming the file and each element at fault (``<label>`` ...)."""
+    parts = []
+    for e in exc.errors(include_url=False):
+        head = str(e["loc"][0]) if e.get("loc") else ""
+        where = _RECORD_ELEMENTS.get(head, head)
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return Problem(str(path), "", "; ".join(parts))
 
 
 LABELS_SUFFIX = ".labels-meta.xml"

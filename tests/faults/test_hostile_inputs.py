@@ -23,7 +23,16 @@ from nexuscrm.contracts import ApplyAllInput
 from nexuscrm.controlplane.candidate import MAX_CANDIDATE_BYTES
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
-from tests.builders import cli_env, executions, invoke, invoke_async, write_sfdx
+from tests.builders import (
+    cli_env,
+    db_state,
+    executions,
+    installed_state,
+    invoke,
+    invoke_async,
+    write_sfdx,
+    write_small_pack,
+)
 
 DEEP = 50_000
 
@@ -114,12 +123,14 @@ async def test_applyall_fails_a_deep_project_at_once_naming_the_file(
     temporal_env: Any, settings: Any, tmp_path: Path
 ) -> None:
     project = _deep_project(tmp_path / "deep-app")
+    engine, before = await installed_state(temporal_env, settings, tmp_path)
+    good = write_small_pack(tmp_path / "good.yaml", "good-app", "Good__c")
     async with build_worker(temporal_env.client, settings):
         handle = await start_controlplane(
             temporal_env.client,
             settings,
             "ApplyAll",
-            ApplyAllInput(app_pack_sources=[str(project)]),
+            ApplyAllInput(app_pack_sources=[str(good), str(project)]),
         )
         with pytest.raises(WorkflowFailureError) as info:
             await handle.result()
@@ -132,6 +143,11 @@ async def test_applyall_fails_a_deep_project_at_once_naming_the_file(
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert attempts and max(attempts) == 1, attempts  # no phase was retried
+    # nothing half-applied: the good pack of the run neither
+    try:
+        assert db_state(engine) == before
+    finally:
+        engine.dispose()
 
 
 def test_candidate_write_into_a_missing_folder_is_one_line(settings: Any, tmp_path: Path) -> None:

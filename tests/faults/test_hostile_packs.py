@@ -17,6 +17,7 @@ from nexuscrm.errors import ManifestError
 from nexuscrm.packs.loader import MAX_MANIFEST_BYTES, load_native
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
+from tests.builders import db_state, installed_state, write_small_pack
 
 
 def alias_bomb(path: Path) -> Path:
@@ -116,12 +117,14 @@ async def test_applyall_fails_an_alias_bomb_at_once_without_retrying(
     temporal_env: Any, settings: Any, tmp_path: Path
 ) -> None:
     bomb = alias_bomb(tmp_path / "pack.yaml")
+    engine, before = await installed_state(temporal_env, settings, tmp_path)
+    good = write_small_pack(tmp_path / "good.yaml", "good-app", "Good__c")
     async with build_worker(temporal_env.client, settings):
         handle = await start_controlplane(
             temporal_env.client,
             settings,
             "ApplyAll",
-            ApplyAllInput(app_pack_sources=[str(bomb)]),
+            ApplyAllInput(app_pack_sources=[str(good), str(bomb)]),
         )
         with pytest.raises(WorkflowFailureError) as info:
             await handle.result()
@@ -133,6 +136,11 @@ async def test_applyall_fails_an_alias_bomb_at_once_without_retrying(
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert attempts and max(attempts) == 1, attempts  # no phase was retried
+    # nothing half-applied: the good pack of the run neither
+    try:
+        assert db_state(engine) == before
+    finally:
+        engine.dispose()
 
 
 def test_import_sfdx_names_a_missing_object_file_and_a_label_too_long(

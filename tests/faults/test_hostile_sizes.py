@@ -27,7 +27,17 @@ from nexuscrm.db.dialect import is_permanent, is_transient
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
-from tests.builders import SF_SYNC, cli_env, install, invoke, invoke_async, write_sfdx
+from tests.builders import (
+    SF_SYNC,
+    cli_env,
+    db_state,
+    install,
+    installed_state,
+    invoke,
+    invoke_async,
+    write_sfdx,
+    write_small_pack,
+)
 
 BIG = 50 * 1024 * 1024
 
@@ -107,12 +117,14 @@ async def test_applyall_fails_an_oversized_metadata_file_at_once(
     temporal_env: Any, settings: Any, tmp_path: Path
 ) -> None:
     project = _big_description_project(tmp_path / "big-app")
+    engine, before = await installed_state(temporal_env, settings, tmp_path)
+    good = write_small_pack(tmp_path / "good.yaml", "good-app", "Good__c")
     async with build_worker(temporal_env.client, settings):
         handle = await start_controlplane(
             temporal_env.client,
             settings,
             "ApplyAll",
-            ApplyAllInput(app_pack_sources=[str(project)]),
+            ApplyAllInput(app_pack_sources=[str(good), str(project)]),
         )
         with pytest.raises(WorkflowFailureError) as info:
             await handle.result()
@@ -124,6 +136,11 @@ async def test_applyall_fails_an_oversized_metadata_file_at_once(
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert attempts and max(attempts) == 1, attempts  # no phase was retried
+    # nothing half-applied: the good pack of the run neither
+    try:
+        assert db_state(engine) == before
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.mysql

@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, inspect, select, table
 from temporalio.api.enums.v1 import TimeoutType
 from temporalio.client import WorkflowHistory
 
@@ -34,7 +33,7 @@ from nexuscrm.controlplane.inprocess import APPLY_PHASES
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane
-from tests.builders import apply_all, snapshot
+from tests.builders import apply_all, snapshot, system_row_counts
 from tests.conftest import fresh_database_url
 from tests.faults.test_worker_kills import wide_pack
 
@@ -80,16 +79,6 @@ def crashing_worker(
     }
     script = ROOT / "tests" / "faults" / "crashing_worker.py"
     return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
-
-
-def system_row_counts(engine: Any) -> dict[str, int]:
-    """Rows of every ``_System_*`` table: a phase run twice must double nothing."""
-    names = [n for n in inspect(engine).get_table_names() if n.startswith("_System_")]
-    with engine.connect() as conn:
-        return {
-            n: conn.execute(select(func.count()).select_from(table(n))).scalar_one()
-            for n in sorted(names)
-        }
 
 
 async def test_worker_killed_after_every_apply_all_phase_in_turn(
