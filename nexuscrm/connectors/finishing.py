@@ -189,7 +189,7 @@ class Finisher:
                 return
             failure_class = exc.failure_class
         elif isinstance(exc, RouteNotFoundError):
-            failure_class = "route-not-found"
+            failure_class = exc.failure_class  # route-not-found, or pack-removed
         else:  # pragma: no cover - only FlowError / RouteNotFoundError reach here
             raise exc
         queue.finish_failed(conn, item, failure_class=failure_class, summary=str(exc))

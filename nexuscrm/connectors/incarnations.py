@@ -15,7 +15,10 @@ A removed pack gets no credential and no pool (seed:
 failed with class :data:`FAILURE_PACK_REMOVED` by :func:`fail_removed_items`
 (never left pending, never ``route-not-found``). ``nexusctl packs remove``
 runs it right after the removal, and every fleet reconcile runs it again, so
-an interrupted removal strands nothing. A failed item can be replayed.
+an interrupted removal strands nothing. A worker that prepares an item of the
+removed incarnation before a sweep reached it (its cached routes were dropped
+meanwhile) fails it with the same class (``routes.PackRemovedError``). A
+failed item can be replayed.
 """
 
 from __future__ import annotations
@@ -24,13 +27,11 @@ from sqlalchemy import Engine, and_, select, update
 
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue
+from nexuscrm.connectors.routes import FAILURE_PACK_REMOVED as FAILURE_PACK_REMOVED
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import table_names
 from nexuscrm.log import log
 from nexuscrm.packs.model import Category
-
-FAILURE_PACK_REMOVED = "pack-removed"
-"""Failure class of a work item whose connector-pack incarnation was removed before it ran."""
 
 INCARNATION_DRAINING = "draining"
 INCARNATION_RETIRED = "retired"

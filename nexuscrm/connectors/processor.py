@@ -657,8 +657,8 @@ class Processor:
                 wake_linked(self.engine, created, outcome, self._woken_hook("batch"))
                 batch.created += created
             outcome.succeeded_items([item])
-        except RouteNotFoundError as exc:
-            self.finish.failed(item, "route-not-found", str(exc), outcome)
+        except RouteNotFoundError as exc:  # route-not-found, or pack-removed
+            self.finish.failed(item, exc.failure_class, str(exc), outcome)
         except DependencyUnresolved as exc:
             with self.engine.begin() as conn:
                 self.finish.block(conn, item, exc, outcome)

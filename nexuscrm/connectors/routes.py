@@ -17,9 +17,30 @@ from nexuscrm.db.dialect import table_names
 from nexuscrm.errors import NexusError
 from nexuscrm.packs.model import Category, InboundRoute, PackManifest
 
+FAILURE_PACK_REMOVED = "pack-removed"
+"""Failure class of a work item whose connector-pack incarnation was removed before it ran."""
+
 
 class RouteNotFoundError(NexusError):
-    """No route for (pack, event kind, version) in the installed payload."""
+    """No route for (pack, event kind, version) in the installed payload.
+
+    ``failure_class``: what the item fails with (``route-not-found``).
+    """
+
+    failure_class = "route-not-found"
+
+
+class PackRemovedError(RouteNotFoundError):
+    """The item's incarnation was removed (``packs remove``): it fails ``pack-removed``.
+
+    Not a wrong route: the same class the removal's sweep gives the pack's
+    queued items (``incarnations.fail_removed_items``), for an item a worker
+    prepares after the removal committed and before that sweep reached it.
+    The seed stops a removed pack's pools and gives it no credential
+    (``ErrConnectorPackInactive``); nothing of it runs once its routes are gone.
+    """
+
+    failure_class = FAILURE_PACK_REMOVED
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,26 @@ def list_connector_packs(engine: Engine) -> list[ConnectorPackRow]:
     ]
 
 
+def removed_pack_name(engine: Engine, install_id: str) -> str | None:
+    """The pack name of ``install_id`` when that incarnation was removed, else ``None``.
+
+    Its current ``_System_InstalledPack`` row is ``removed``, or an earlier
+    incarnation is recorded ``removed`` in ``_System_ConnectorPackIncarnation``.
+    """
+    ip, inc = t.installed_pack, t.connector_pack_incarnation
+    with engine.connect() as conn:
+        name = conn.execute(
+            select(ip.c.Name).where(ip.c.PackInstallId == install_id, ip.c.Status == "removed")
+        ).scalar()
+        if name is None and inc.name in table_names(conn):
+            name = conn.execute(
+                select(inc.c.Name).where(
+                    inc.c.PackInstallId == install_id, inc.c.Status == "removed"
+                )
+            ).scalar()
+    return None if name is None else str(name)
+
+
 def still_installed(engine: Engine, install_id: str) -> bool:
     """The incarnation ``install_id`` is still installed: ``active`` or ``draining``.
 
@@ -138,7 +179,10 @@ class RouteResolver:
         self._packs: dict[str, ConnectorPackRow] = {}
 
     def pack(self, install_id: str) -> ConnectorPackRow:
-        """The installed incarnation ``install_id``; raises ``RouteNotFoundError`` if gone."""
+        """The installed incarnation ``install_id``; raises ``RouteNotFoundError`` if gone.
+
+        ``PackRemovedError`` (a ``RouteNotFoundError``) when it was removed.
+        """
         with self._lock:
             cached = self._packs.get(install_id)
         if cached is not None:
@@ -149,6 +193,11 @@ class RouteResolver:
         with self._lock:
             found = self._packs.get(install_id)
         if found is None:
+            name = removed_pack_name(self.engine, install_id)
+            if name is not None:
+                raise PackRemovedError(
+                    f"connector pack {name} incarnation {install_id} was removed"
+                )
             raise RouteNotFoundError(f"connector pack install {install_id} is not installed")
         return found
 
