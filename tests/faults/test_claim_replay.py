@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select
 
 from nexuscrm import catalog
@@ -116,6 +117,7 @@ def held_leases(engine: Engine) -> set[tuple[str, str]]:
         }
 
 
+@pytest.mark.slow
 async def test_worker_killed_after_its_claim_committed_loses_no_lease_time(
     temporal_env: Any, settings: Settings
 ) -> None:

@@ -88,6 +88,7 @@ async def test_latin1_database_stores_any_text(temporal_env: Any, latin1_setting
 COLLATIONS = ["utf8mb4_general_ci", "utf8mb4_unicode_ci", "utf8mb4_bin", "utf8mb4_0900_ai_ci"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collation", COLLATIONS)
 async def test_all_corpus_projects_install_on_a_database_of_any_utf8mb4_collation(
     temporal_env: Any, tmp_path: Path, collation: str

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.api.enums.v1 import TimeoutType
 from temporalio.client import WorkflowHistory
 
@@ -36,6 +37,8 @@ from nexusctl.temporal import start_controlplane
 from tests.builders import apply_all, snapshot, system_row_counts
 from tests.conftest import fresh_database_url
 from tests.faults.test_worker_kills import wide_pack
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from nexuscrm import catalog
@@ -27,6 +28,8 @@ from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
 from tests.builders import apply_all, snapshot
 from tests.conftest import fresh_database_url
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ["rebuild-derived", "ensure-indexes", "verify"]
