@@ -1,7 +1,8 @@
-"""Races with real processes (issue 17, races): the same event enqueued from many
-processes at once is stored once; two worker processes on one task queue both
-process events (read from each process's own Prometheus endpoint) and apply
-every event exactly once, each record at its last version."""
+"""Races with real processes (issue 17, races): the same events enqueued by 100
+enqueuers at once (CLI processes and threads) are stored once; two worker
+processes on one task queue both process events (read from each process's
+own Prometheus endpoint) and apply every event exactly once, each record at
+its last version."""
 
 from __future__ import annotations
 
@@ -53,20 +54,24 @@ async def test_same_events_enqueued_by_many_processes_are_stored_once(
     path = tmp_path / "events.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     env = {**os.environ, **cli_env(settings, temporal_env)}
+    # 100 enqueuers at once: 8 `nexusctl events enqueue` processes and 4
+    # processes of 23 threads each (100 CLI processes would take minutes of CPU)
+    cli = [sys.executable, "-m", "nexusctl.cli", "events", "enqueue", str(path)]
+    threads = [sys.executable, str(ROOT / "tests" / "faults" / "enqueue_threads.py"), str(path)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "nexusctl.cli", "events", "enqueue", str(path)],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        for _ in range(8)
+        for command in [cli] * 8 + [[*threads, "23"]] * 4
     ]
     outputs = [p.communicate(timeout=300)[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * len(procs), outputs
-    inserted = sum(int(o.split("enqueued ")[1].split(" ")[0]) for o in outputs)
-    assert inserted == len(lines), outputs
+    counts = [line.split() for o in outputs for line in o.splitlines() if "duplicate" in line]
+    assert len(counts) == 100, outputs
+    # "enqueued N event(s), M duplicate(s) skipped" / "inserted N duplicates M"
+    inserted = sum(int(c[1]) for c in counts)
+    skipped = sum(int(c[3]) for c in counts)
+    assert (inserted, skipped) == (len(lines), 99 * len(lines)), outputs
     with engine.connect() as conn:
         events = conn.execute(select(func.count()).select_from(t.connector_event)).scalar_one()
         items = conn.execute(select(func.count()).select_from(t.connector_work_item)).scalar_one()
