@@ -92,12 +92,14 @@ def build_request(
 
 
 async def submit(
-    client: Client, settings: Settings, req: ControlPlaneRequest
+    client: Client, settings: Settings, req: ControlPlaneRequest, *, _retried: bool = False
 ) -> ControlPlaneTicket:
     """Send ``req`` to the database's entity (started if absent); return its ticket.
 
     Raises ``ControlPlaneBusyError`` (``no_queue`` while busy, or a
-    control-plane workflow of the pre-queue kind runs under the entity's id)
+    control-plane workflow of the pre-queue kind runs under the entity's id;
+    a ``no_queue`` refusal is checked once against the entity's ``status``
+    and sent again when nothing runs or waits any more)
     and ``NexusError`` for a request the entity rejects (the message names
     the bad value).
     """
@@ -119,6 +121,12 @@ async def submit(
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == "ControlPlaneBusy":
+            if not _retried and await _idle_now(client, settings):
+                # Refused behind an operation whose end reached the entity with
+                # this request, in one workflow task (after a worker restart):
+                # the validator ran before the entity recorded that end, so
+                # "busy" was already false. Ask once more.
+                return await submit(client, settings, req, _retried=True)
             raise ControlPlaneBusyError(cause.message) from exc
         if isinstance(cause, ApplicationError) and cause.type == "BadRequest":
             raise NexusError(cause.message) from exc
@@ -132,6 +140,15 @@ async def submit(
             ) from exc
         raise NexusError(f"the control-plane queue refused {req.operation}: {cause}") from exc
     return ticket
+
+
+async def _idle_now(client: Client, settings: Settings) -> bool:
+    """The entity answers that nothing runs or waits (``False`` when it cannot answer)."""
+    try:
+        status = await queue_status(client, settings)
+    except Exception:  # no worker answered: keep the refusal
+        return False
+    return status.running is None and not status.queued
 
 
 async def queue_status(client: Client, settings: Settings) -> ControlPlaneQueueStatus:

@@ -30,16 +30,22 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, func, inspect, select, table, text
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
@@ -626,6 +632,31 @@ async def wait_pools(
 runner = CliRunner()
 
 
+def worker_process(
+    settings: Settings,
+    env: WorkflowEnvironment,
+    script: str = "worker.py",
+    log_level: str = "ERROR",
+    **extra: str,
+) -> subprocess.Popen[bytes]:
+    """``python <script>`` (default the repository's ``worker.py``; a path relative to
+    the repository) as a worker process of this test's database, server and
+    control-plane and connector task queues, JSON logs at ``log_level``;
+    ``extra``: more environment variables (``NEXUS_TEST_CRASH_*`` and the like)."""
+    environ = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        "NEXUS_LOG_FORMAT": "json",
+        "NEXUS_LOG_LEVEL": log_level,
+        **extra,
+    }
+    return subprocess.Popen([sys.executable, str(ROOT / script)], env=environ, cwd=ROOT)
+
+
 def cli_env(
     settings: Settings | None = None, env: WorkflowEnvironment | None = None
 ) -> dict[str, str]:
@@ -831,3 +862,48 @@ async def chain_events(client: Any, workflow_id: str) -> dict[str, int]:
     """Events per run of every run of ``workflow_id`` (continue-as-new chains and reuses)."""
     runs = await executions(client, f'WorkflowId = "{workflow_id}"')
     return {wf.run_id: await history_length(client, wf.id, wf.run_id) for wf in runs}
+
+
+# -- Prometheus endpoints (a worker's NEXUS_METRICS_ADDRESS) -------------------
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""Scraped samples: ``(name, labels) -> value``."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (free when asked; bind it soon)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse(text: str) -> Samples:
+    """Prometheus text format -> {(name, labels): value} (``service_name`` dropped),
+    read with ``prometheus_client``'s parser (which also checks the format)."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k != "service_name")
+            out[(sample.name, labels)] = float(sample.value)
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sample of ``name`` with exactly ``labels`` (``None``: absent)."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+async def scrape_until(url: str, ready: Callable[[Samples], bool], timeout: float = 20) -> Samples:
+    """Scrape ``url`` until ``ready(samples)`` (the gauges are sampled every 5 s)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient() as http:
+        while True:
+            try:
+                samples = parse((await http.get(url)).text)
+            except httpx.TransportError:
+                samples = {}
+            if ready(samples):
+                return samples
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"metrics not ready in {timeout} s: {sorted(samples)[:80]}")
+            await asyncio.sleep(0.25)

@@ -464,3 +464,40 @@ def test_an_operations_task_timeout_follows_its_heartbeat_timeout_within_2_to_10
         operation="RemovePack", remove_pack=RemovePackInput("p", heartbeat_timeout_seconds=4)
     )
     assert child_task_timeout(remove) == timedelta(seconds=4)
+
+
+async def test_no_queue_after_a_worker_restart_sees_the_end_that_arrived_with_it(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """While no worker ran, the running operation ended (here: terminated); the
+    next ``--no-queue`` request reaches the entity in the same workflow task as
+    that end. The update's validator runs before the entity records the end,
+    so the request was refused as busy behind an operation that had finished
+    (a fresh-user trial saw it after a SIGKILL). ``submit`` checks a refusal
+    once against the entity's status: the request is accepted and runs."""
+    client = temporal_env.client
+    await apply_all(temporal_env, settings)
+    gate = threading.Event()
+    with released(gate):
+        async with gated_worker(client, settings, "run_repair", gate):
+            await submit(client, settings, build_request("RunRepair", OperationInput(), settings))
+            repair = await running_entry(client, settings, "RunRepair")
+            gate.set()  # the held activity may finish: its worker is shutting down
+    # no worker polls now: the child's end waits in the entity's history
+    await client.get_workflow_handle(repair.workflow_id).terminate("the operator stopped it")
+    req = build_request("RunRepair", OperationInput(), settings, no_queue=True)
+    ticket = asyncio.create_task(submit(client, settings, req))
+    await asyncio.sleep(1.0)  # the update is with the server, waiting for a worker
+    assert not ticket.done()
+    async with build_worker(client, settings):
+        accepted = await asyncio.wait_for(ticket, 60)
+        assert accepted.entry.operation == "RunRepair" and not accepted.ahead, accepted
+        handle = client.get_workflow_handle(accepted.entry.workflow_id)
+
+        async def completed() -> bool:
+            status = (await handle.describe()).status
+            return status is not None and status.name == "COMPLETED"
+
+        await eventually(completed, "the accepted RunRepair completed")
+    runs = await listed(client, settings, "RunRepair", 2)
+    assert sorted(r.status.name for r in runs) == ["COMPLETED", "TERMINATED"]

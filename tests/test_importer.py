@@ -403,6 +403,27 @@ def test_a_non_lookup_field_under_references_fails_mapping_before_any_io() -> No
         assert "Broker__c.Title__c: named under references but not a lookup" in str(info.value)
 
 
+def test_an_upsert_payload_of_the_wrong_shape_fails_payload_invalid_before_any_io() -> None:
+    """``fields`` or ``references`` that are not objects fail the item alone,
+    ``payload-invalid``, naming the key (they raised AttributeError / ValueError
+    inside the flow); ``events enqueue`` refuses such lines first
+    (``test_hostile_events.py``)."""
+    from nexuscrm.connectors.flows import PAYLOAD_INVALID, FlowError, upsert_record
+
+    cases = [
+        ({"fields": ["LastName"]}, "payload.fields must be a JSON object"),
+        ({"references": ["AccountId", "a1"]}, "payload.references must be a JSON object"),
+        ({"references": "a1"}, "got a string"),
+        ({"references": {"Title__c": {"id": 1}}}, "payload.references.Title__c must be"),
+    ]
+    for extra, message in cases:
+        payload = {"sobject": "Broker__c", "remote_id": "r1", **extra}
+        with pytest.raises(FlowError) as info:
+            upsert_record(None, broker_catalog(), owner_key="o", namespace="n", payload=payload)  # type: ignore[arg-type]
+        assert info.value.failure_class == PAYLOAD_INVALID and not info.value.retriable
+        assert message in str(info.value), str(info.value)
+
+
 def test_a_data_file_symlinked_out_of_the_plan_folder_is_refused(tmp_path: Path) -> None:
     outside = tmp_path / "outside.json"
     outside.write_text(json.dumps({"records": [rec("Broker__c", "B1")]}))

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from nexuscrm.connectors import queue
@@ -31,18 +27,20 @@ from nexusctl.metrics import metrics_runtime
 from nexusctl.temporal import start_fleet
 from tests.builders import (
     SF_SYNC,
+    Samples,
     children_and_parents,
     connector_settings,
     fast_fleet,
+    free_port,
     hook_events,
     hook_pack,
     install,
+    scrape_until,
+    value,
     wait_drained,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest.mark.parametrize(
@@ -71,44 +69,6 @@ def test_metrics_port_in_use_is_an_error_naming_the_setting():
     with pytest.raises(NexusError, match=r"NEXUS_METRICS_ADDRESS .*port of its own"):
         metrics_runtime(address)
     del first
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def parse(text: str) -> Samples:
-    """Prometheus text format -> {(name, labels): value} (``service_name`` dropped),
-    read with ``prometheus_client``'s parser (which also checks the format)."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = frozenset((k, v) for k, v in sample.labels.items() if k != "service_name")
-            out[(sample.name, labels)] = float(sample.value)
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    """The sample of ``name`` with exactly ``labels`` (``None``: absent)."""
-    return samples.get((name, frozenset(labels.items())))
-
-
-async def scrape_until(url: str, ready: Callable[[Samples], bool], timeout: float = 20) -> Samples:
-    """Scrape ``url`` until ``ready(samples)`` (the gauges are sampled every 5 s)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    async with httpx.AsyncClient() as http:
-        while True:
-            try:
-                samples = parse((await http.get(url)).text)
-            except httpx.TransportError:
-                samples = {}
-            if ready(samples):
-                return samples
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"metrics not ready in {timeout} s: {sorted(samples)[:80]}")
-            await asyncio.sleep(0.25)
 
 
 async def wait_state(engine, state: str, n: int, timeout: float = 30) -> None:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from nexuscrm.connectors.flows import upsert_payload_problem
 from nexuscrm.connectors.knobs import QUEUE_CLASSES
 from nexuscrm.connectors.queue import EnqueueRequest, normalize_queue_class
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
@@ -198,6 +199,7 @@ def read_event_file(
     requests: list[EnqueueRequest] = []
     no_route: dict[tuple[str, int], list[int]] = {}  # (kind, version) -> [problem index, lines]
     routed: set[tuple[str, int]] = set()
+    upserts: set[tuple[str, int]] = set()  # routed to the local upsert_record flow
     keys: dict[str, tuple[int, str]] = {}  # idempotency key -> (first line, its content)
     for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{n}"
@@ -255,18 +257,25 @@ def read_event_file(
             continue
         requests.append(request)
         route = (request.event_kind, request.route_version)
-        if resolver is None or route in routed:
+        if resolver is None:
             continue
         if route in no_route:
             no_route[route].append(n)
             continue
-        try:
-            resolver.resolve(installed_pack_id, *route)
-        except RouteNotFoundError as exc:
-            no_route[route] = [len(problems), n]
-            problems.append(f"{where}: event_kind {route[0]!r} v{route[1]}: {exc}")
-        else:
+        if route not in routed:
+            try:
+                resolved = resolver.resolve(installed_pack_id, *route)
+            except RouteNotFoundError as exc:
+                no_route[route] = [len(problems), n]
+                problems.append(f"{where}: event_kind {route[0]!r} v{route[1]}: {exc}")
+                continue
             routed.add(route)
+            if resolved.invocation_mode == "flow" and resolved.flow == "upsert_record":
+                upserts.add(route)
+        if route in upserts:
+            shape = upsert_payload_problem(request.payload)
+            if shape:
+                problems.append(f"{where}: {shape} (route {route[0]} v{route[1]}: upsert_record)")
     for index, *found in no_route.values():
         if len(found) > 1:
             problems[index] += f" (and {len(found) - 1} more line(s) of it: {found[1]}, ...)"

@@ -32,6 +32,7 @@ from nexuscrm.fieldvalues import (
     stored_value,
     value_problem,
 )
+from nexuscrm.inputs import kind_of
 from nexuscrm.packs.model import REFERENCE_TYPES, FieldSpec
 
 
@@ -230,6 +231,30 @@ class _Prepared:
     error: FlowError | None = None
 
 
+PAYLOAD_INVALID = "payload-invalid"
+"""Failure class of an event whose payload can never run its flow (not retriable)."""
+
+
+def upsert_payload_problem(payload: Any) -> str:
+    """What makes ``payload`` unusable for the ``upsert_record`` flow, ``''`` if nothing.
+
+    ``fields`` and ``references``, when present, must be JSON objects with
+    text keys, each reference a remote id (text or a number). Checked by
+    ``events enqueue`` for an upsert route (the file is refused) and by the
+    flow (the item fails ``payload-invalid``, alone, at once).
+    """
+    if not isinstance(payload, dict):
+        return "payload is not a JSON object"
+    for key in ("fields", "references"):
+        value = payload.get(key)
+        if value is not None and not isinstance(value, dict):
+            return f"payload.{key} must be a JSON object (name: value), got {kind_of(value)}"
+    for name, value in (payload.get("references") or {}).items():
+        if value is not None and not isinstance(value, str | int):
+            return f"payload.references.{name} must be a remote id (text), got {kind_of(value)}"
+    return ""
+
+
 def _prepare(
     catalog: Catalog,
     *,
@@ -255,6 +280,9 @@ def _prepare(
     mapping: dict[str, str] = {k.lower(): v for k, v in (field_map or {}).items()}
     values: dict[str, Any] = {}
     refs: list[tuple[str, RemoteIdentity | None, str]] = []
+    shape = upsert_payload_problem(payload)
+    if shape:
+        raise FlowError(PAYLOAD_INVALID, f"{sobject}: {shape}", retriable=False)
     fields = dict(payload.get("fields") or {})
     raw_references = payload.get("references") or {}
     references = {str(k).lower(): v for k, v in raw_references.items()}

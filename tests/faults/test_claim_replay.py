@@ -10,10 +10,8 @@ worker's claimed items are done; every event applied once.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from tests.builders import (
     fast_fleet,
     last_phones,
     work_states,
+    worker_process,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,20 +88,13 @@ async def test_a_keyed_claim_run_again_returns_what_it_leased(
 
 def crashing_worker(settings: Settings, temporal_env: Any) -> subprocess.Popen[bytes]:
     """A worker that SIGKILLs itself once an InboundWorker's claim has leased items."""
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "ERROR",
-        "NEXUS_TEST_CRASH_WORKFLOW_TYPE": "InboundWorker",
-        "NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE": "connectors.claim",
-    }
-    script = ROOT / "tests" / "faults" / "crashing_worker.py"
-    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
+    return worker_process(
+        settings,
+        temporal_env,
+        "tests/faults/crashing_worker.py",
+        NEXUS_TEST_CRASH_WORKFLOW_TYPE="InboundWorker",
+        NEXUS_TEST_CRASH_AFTER_ACTIVITY_TYPE="connectors.claim",
+    )
 
 
 def held_leases(engine: Engine) -> set[tuple[str, str]]:

@@ -64,6 +64,20 @@ DEEP = b"[" * 50_000 + b"]" * 50_000
 # name -> (file bytes, substrings the one error must contain)
 ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
     "integer idempotency_key": (lines(good(1, idempotency_key=17)), [":1:", "idempotency_key"]),
+    "upsert payload of the wrong shape": (
+        lines(
+            good(1),
+            good(2, payload={"sobject": "Account", "remote_id": "h2", "fields": ["Name"]}),
+            good(3, payload={"sobject": "Account", "remote_id": "h3", "references": "a1"}),
+            good(4, payload={"sobject": "Account", "remote_id": "h4", "references": {"X": [1]}}),
+        ),
+        [
+            ":2: payload.fields must be a JSON object (name: value), got a list",
+            ":3: payload.references must be a JSON object (name: value), got a string",
+            ":4: payload.references.X must be a remote id (text), got a list",
+            "upsert_record",
+        ],
+    ),
     "integer source_id": (lines(good(1), good(2, source_id=5)), [":2:", "source_id"]),
     "integer queue_class": (lines(good(1, queue_class=3)), [":1:", "queue_class"]),
     "unknown queue_class": (lines(good(1, queue_class="urgent")), ["queue_class", "'urgent'"]),

@@ -15,10 +15,8 @@ Slowest of the fault suite: 17 worker starts per backend, ~75-85 s per backend.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,7 +32,7 @@ from nexuscrm.controlplane.inprocess import APPLY_PHASES
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane
-from tests.builders import apply_all, snapshot, system_row_counts
+from tests.builders import apply_all, snapshot, system_row_counts, worker_process
 from tests.conftest import fresh_database_url
 from tests.faults.test_worker_kills import wide_pack
 
@@ -68,20 +66,15 @@ def crashing_worker(
 ) -> subprocess.Popen[bytes]:
     """A worker that SIGKILLs itself once ApplyAll's activity ``after`` has done its
     work, after appending the phase it kills to ``log``."""
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
-        "NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS": str(STICKY_S),
-        "NEXUS_TEST_CRASH_AFTER_ACTIVITY": str(after),
-        "NEXUS_TEST_CRASH_LOG": str(log),
-    }
-    script = ROOT / "tests" / "faults" / "crashing_worker.py"
-    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
+    return worker_process(
+        settings,
+        temporal_env,
+        "tests/faults/crashing_worker.py",
+        log_level="WARNING",
+        NEXUS_STICKY_QUEUE_TIMEOUT_SECONDS=str(STICKY_S),
+        NEXUS_TEST_CRASH_AFTER_ACTIVITY=str(after),
+        NEXUS_TEST_CRASH_LOG=str(log),
+    )
 
 
 async def test_worker_killed_after_every_apply_all_phase_in_turn(

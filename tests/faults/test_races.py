@@ -28,10 +28,12 @@ from tests.builders import (
     cli_env,
     connector_settings,
     fast_fleet,
+    free_port,
     install,
     last_phones,
+    scrape_until,
+    value,
 )
-from tests.test_metrics import free_port, scrape_until, value
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,10 +28,8 @@ few more fleet reconciles change nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -59,6 +57,7 @@ from tests.builders import (
     fast_fleet,
     invoke_async,
     work_states,
+    worker_process,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,17 +66,7 @@ RECORDS, VERSIONS = 3000, 2  # 6,000 events; the last version of each record enq
 
 def worker(settings: Settings, temporal_env: Any) -> subprocess.Popen[bytes]:
     """``python worker.py`` for this test's database, server and task queues."""
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "ERROR",
-    }
-    return subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
+    return worker_process(settings, temporal_env)
 
 
 def item_rows(engine: Engine) -> dict[str, tuple[str, str | None, int]]:

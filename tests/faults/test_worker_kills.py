@@ -9,10 +9,8 @@ same workflow, and the database equals an uninterrupted run (schema and
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_controlplane
 from nexusctl.worker import build_worker
-from tests.builders import apply_all, snapshot
+from tests.builders import apply_all, snapshot, worker_process
 from tests.conftest import fresh_database_url
 
 pytestmark = pytest.mark.slow
@@ -66,19 +64,14 @@ def killed_in(
 ) -> subprocess.Popen[bytes]:
     """A control-plane worker that SIGKILLs itself 50 ms into the first attempt of
     ApplyAll's activity ``activity_type``, after appending the phase to ``log``."""
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
-        "NEXUS_TEST_CRASH_IN_ACTIVITY_TYPE": activity_type,
-        "NEXUS_TEST_CRASH_LOG": str(log),
-    }
-    script = ROOT / "tests" / "faults" / "crashing_worker.py"
-    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT)
+    return worker_process(
+        settings,
+        temporal_env,
+        "tests/faults/crashing_worker.py",
+        log_level="WARNING",
+        NEXUS_TEST_CRASH_IN_ACTIVITY_TYPE=activity_type,
+        NEXUS_TEST_CRASH_LOG=str(log),
+    )
 
 
 async def test_worker_killed_in_each_long_phase_in_turn(
