@@ -410,7 +410,7 @@ def test_an_upsert_payload_of_the_wrong_shape_fails_payload_invalid_before_any_i
     (``test_hostile_events.py``)."""
     from nexuscrm.connectors.flows import PAYLOAD_INVALID, FlowError, upsert_record
 
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"fields": ["LastName"]}, "payload.fields must be a JSON object"),
         ({"references": ["AccountId", "a1"]}, "payload.references must be a JSON object"),
         ({"references": "a1"}, "got a string"),
