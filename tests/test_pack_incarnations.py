@@ -156,6 +156,13 @@ async def test_packs_remove_fails_queued_items_pack_removed(temporal_env, settin
     )
     assert incarnation_status(engine, old.install_id) == "removed"
     assert list_connector_packs(engine) == []
+    # A replay of either incarnation's item is refused, naming the pack: it
+    # would only fail pack-removed again (a fresh-user trial saw it do so).
+    for work_id in items(engine):
+        res = await invoke_async(["events", "replay", work_id], cli_env(settings, temporal_env))
+        assert res.exit_code == 1, res.output
+        assert "its pack hook-pack" in res.output and "was removed" in res.output, res.output
+    assert len(items(engine)) == 3  # nothing was added
     # A fleet started afterwards finds nothing stranded and serves nothing.
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))

@@ -143,13 +143,14 @@ def test_enqueue_refuses_a_key_reused_with_other_content(engine: Engine) -> None
     message = str(info.value)
     assert "2 of 4 request(s) reuse an idempotency key with other content" in message
     assert "nothing enqueued" in message
-    assert "idempotency_key 'a': payload differ" in message
-    assert "idempotency_key 'b': source_id differ" in message
+    assert "idempotency_key 'a': payload differs from the stored" in message
+    assert "idempotency_key 'b': source_id differs from the stored" in message
     assert "'c'" not in message
     assert info.value.inserted == 0 and len(info.value.conflicts) == 2
     assert _stored(engine) == before  # 'd' was not enqueued either
     # twice in one call with other content: refused, nothing written
-    with pytest.raises(wq.IdempotencyConflict, match="request 2: idempotency_key 'e'"):
+    twice = "request 2: idempotency_key 'e': source_id differs"
+    with pytest.raises(wq.IdempotencyConflict, match=twice):
         wq.enqueue(engine, [req("e"), req("e", "other")])
     assert _stored(engine) == before
     # the same content again, keys in another order, is a duplicate

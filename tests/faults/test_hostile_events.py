@@ -195,8 +195,8 @@ async def test_events_enqueue_refuses_hostile_files_whole_with_one_clear_error(
         str(path),
         "2 of 4 request(s) reuse an idempotency key with other content",
         "nothing enqueued",
-        "'Account:h9': payload differ",
-        "'Account:h10': source_id differ",
+        "'Account:h9': payload differs from the stored event",
+        "'Account:h10': source_id differs from the stored event",
     ):
         assert wanted in " ".join(res.output.split()), (wanted, res.output)
     assert counts(engine) == (501, 501)

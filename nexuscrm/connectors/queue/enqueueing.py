@@ -35,6 +35,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     lane_key,
     normalize_queue_class,
 )
+from nexuscrm.connectors.routes import removed_pack_name
 from nexuscrm.cutover import EXECUTION_OWNER_WORK_ITEM
 from nexuscrm.db import tables as t
 from nexuscrm.errors import NexusError
@@ -253,6 +254,11 @@ def _differs(req: EnqueueRequest, mine: str, payload: Any, fields: Sequence[Any]
     return ", ".join(out)
 
 
+def _verb(diff: str) -> str:
+    """``'payload differs'`` / ``'payload, source_id differ'``."""
+    return f"{diff} differ" if "," in diff else f"{diff} differs"
+
+
 def _stored_payload(stored: str | None, mine: str) -> Any:
     """A stored event's payload as a JSON value (``mine``'s text: same string, no parse)."""
     if stored == mine:
@@ -275,7 +281,7 @@ def _conflicts_within(prepared: Sequence[tuple[EnqueueRequest, str, str]]) -> li
             diff = _differs(req, payload, _stored_payload(theirs, payload), fields)
             if diff:
                 out.append(
-                    f"request {n}: idempotency_key {req.idempotency_key!r}: {diff} differ "
+                    f"request {n}: idempotency_key {req.idempotency_key!r}: {_verb(diff)} "
                     f"from request {seen[0]} with the same key"
                 )
     return out
@@ -309,7 +315,7 @@ def _stored_conflicts(
         diff = _differs(req, payload, stored, [getattr(found, column) for _a, column in _CONTENT])
         if diff:
             problems.append(
-                f"idempotency_key {req.idempotency_key!r}: {diff} differ from the stored "
+                f"idempotency_key {req.idempotency_key!r}: {_verb(diff)} from the stored "
                 f"event {found.EventId}"
             )
     return {ident: row.EventId for ident, row in rows.items()}, problems
@@ -532,7 +538,8 @@ def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
     same rule again when it runs the replay (``replay-superseded``), which
     covers a later event that succeeds between the replay and its claim.
 
-    Raises ``NexusError`` when the item does not exist, is not ``failed``
+    Raises ``NexusError`` when the item's pack incarnation was removed (it
+    would only fail ``pack-removed`` again), the item does not exist, is not ``failed``
     (naming its state), was replayed already (naming the replacement), or a
     later event of its record succeeded or is running (naming them).
     """
@@ -541,6 +548,17 @@ def replay(engine: Engine, work_id: str, *, now: datetime | None = None) -> str:
         raise NexusError(
             f"replay {work_id[: t.WORK_ID]}...: no such work item (a work id has at most "
             f"{t.WORK_ID} characters, this one {len(work_id):,})"
+        )
+    with engine.connect() as probe:
+        install_id = probe.execute(
+            select(_w.c.InstalledPackId).where(_w.c.WorkId == work_id)
+        ).scalar()
+    removed = removed_pack_name(engine, install_id) if install_id else None
+    if removed is not None:  # a removed incarnation never comes back: no race
+        raise NexusError(
+            f"replay {work_id}: its pack {removed} (incarnation {install_id}) was removed, so "
+            "a replay would only fail pack-removed again; enqueue its event into the installed "
+            "pack (events enqueue) to run it there"
         )
     with _serialized(engine, ENQUEUE_LOCK_NAME) as conn:
         old = conn.execute(select(_w).where(_w.c.WorkId == work_id)).mappings().first()
