@@ -147,7 +147,9 @@ class Settings(BaseSettings):
         task waits this long for the worker that ran its last one (and holds
         its state in memory) before any worker may take it, replaying the
         history. After a worker is killed, its workflows resume this much
-        later; default 3 (Temporal's own is 10).
+        later; default 10 (Temporal's own). Lower it for faster failover;
+        a worker too loaded to poll within it loses its cached workflows
+        and replays them.
       connector_pack_allowance [NEXUS_CONNECTOR_PACK_ALLOWANCE]: packs a
         connector worker is sized for at least (more if more are installed
         when it starts); default 4. See ``nexuscrm.connectors.sizing``.
@@ -181,7 +183,7 @@ class Settings(BaseSettings):
     identity_task_queue: str = ""
     identity_probes_per_second: float = 20.0
     worker_shutdown_seconds: float = 30.0
-    sticky_queue_timeout_seconds: float = 3.0
+    sticky_queue_timeout_seconds: float = 10.0
     connector_pack_allowance: int = 4
     connector_max_activity_slots: int = 128
     env: str = "development"
