@@ -98,8 +98,9 @@ async def test_sigkill_of_the_parent_takes_the_children(temporal_env, settings) 
 def test_bad_process_counts_are_refused(settings) -> None:
     for raw, message in (("0", "out of range (1-256)"), ("many", "not a whole number or 'auto'")):
         result = invoke(["worker", "--processes", raw], cli_env(settings))
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output  # a command-line mistake
         assert "--processes: " in result.output and message in result.output
+        assert "see 'nexusctl worker --help'" in result.output
 
 
 def test_each_child_gets_a_metrics_port_of_its_own() -> None:

@@ -50,6 +50,7 @@ from nexusctl.cli.render import (
     err_console,
     fail,
     print_status,
+    usage_fail,
     warn,
 )
 from nexusctl.devserver import dev_server, stop_server, ui_port
@@ -279,9 +280,9 @@ def _count(raw: str) -> int:
     try:
         value = int(raw.strip())
     except ValueError:
-        fail(f"--processes: {raw!r} is not a whole number or 'auto'")
+        usage_fail(f"--processes: {raw!r} is not a whole number or 'auto'", "worker")
     if not 1 <= value <= 256:
-        fail(f"--processes: {value} is out of range (1-256)")
+        usage_fail(f"--processes: {value} is out of range (1-256)", "worker")
     return value
 
 
