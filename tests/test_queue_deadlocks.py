@@ -31,6 +31,7 @@ from nexuscrm import catalog
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
+from nexuscrm.log import configure_logging
 from nexuscrm.settings import Settings
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
@@ -340,6 +341,9 @@ async def test_a_retried_lock_conflict_is_one_line_and_a_real_error_stays_loud(
     """An activity that meets a real lock conflict (MariaDB lock wait timeout,
     SQLite ``database is locked``) is retried and logs it as one warning line,
     no traceback; a real error (a missing table) still logs its traceback."""
+    # Logging is process-wide: an earlier test in this process may have left it
+    # at ERROR (the bench smoke tests run a bench's main, which does).
+    configure_logging("json", "INFO")
     acts = LockConflict(settings.database_url)
     caplog.set_level(logging.INFO)
     capfd.readouterr()
