@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine
 
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue
-from nexuscrm.connectors.flows import DependencyUnresolved, FlowError
+from nexuscrm.connectors.flows import PAYLOAD_INVALID, DependencyUnresolved, FlowError
 from nexuscrm.connectors.identity import Dependency, to_spec
 from nexuscrm.connectors.routes import RouteNotFoundError
 from nexuscrm.contracts import BatchResult, BlockedWait
@@ -131,7 +131,7 @@ class Finisher:
             if not isinstance(item.payload, dict):
                 self.failed(
                     item,
-                    "payload-invalid",
+                    PAYLOAD_INVALID,
                     f"event {item.event_id} ({item.event_kind}): payload is "
                     f"{kind_of(item.payload)}, "
                     "not an object; no flow can run it",
