@@ -219,4 +219,6 @@ async def test_ticker_stops_when_an_item_hangs(temporal_env):
     cause = info.value.cause
     assert isinstance(cause, ActivityError)
     assert "heartbeat" in repr(cause.cause).lower(), repr(cause.cause)
-    assert failed_after < 6.0, failed_after
+    # Failed before the item would have returned (a ticker that kept it alive
+    # would have let the batch finish at 8 s): an ordering, not a timing target.
+    assert failed_after < 8.0, failed_after

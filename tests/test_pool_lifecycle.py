@@ -57,8 +57,39 @@ async def wait_workers(client: Client, pool: DesiredPack, timeout: float = 30) -
         if len(ids) == pool.worker_count:
             return ids
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{len(ids)} of {pool.worker_count} workers run: {ids}")
+            why = await pool_diagnosis(client, pool.supervisor_workflow_id)
+            raise AssertionError(f"{len(ids)} of {pool.worker_count} workers run: {ids}\n{why}")
         await asyncio.sleep(0.2)
+
+
+async def pool_diagnosis(client: Client, supervisor_id: str) -> str:
+    """What the server knows of a pool that is short of workers: the supervisor's
+    status, every worker execution under it (any status) and the close events
+    of the supervisor's children, for the failure message."""
+    lines: list[str] = []
+    handle = client.get_workflow_handle(supervisor_id)
+    try:
+        desc = await handle.describe()
+        lines.append(f"supervisor {supervisor_id}: {desc.status and desc.status.name}")
+        st = await handle.query("status", result_type=SupervisorStatus)
+        lines += [f"  slot {w.ordinal}: {w.state} restarts={w.restarts}" for w in st.workers]
+    except Exception as err:  # diagnosis only: never hide the assertion
+        lines.append(f"supervisor {supervisor_id}: {err!r}")
+    q = f"WorkflowId STARTS_WITH '{supervisor_id}/'"
+    lines += [
+        f"  {wf.id} {wf.run_id[:8]} {wf.status and wf.status.name}"
+        async for wf in client.list_workflows(q)
+    ]
+    try:
+        async for event in handle.fetch_history_events():
+            kind = event.WhichOneof("attributes") or ""
+            if "child_workflow_execution" in kind and not kind.endswith(
+                ("started_event_attributes", "initiated_event_attributes")
+            ):
+                lines.append(f"  event {event.event_id} {kind}: {str(getattr(event, kind))[:400]}")
+    except Exception as err:
+        lines.append(f"history: {err!r}")
+    return "\n".join(lines)
 
 
 async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_drain(
