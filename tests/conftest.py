@@ -18,6 +18,7 @@ os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 
 import pytest
+import structlog
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from temporalio.testing import WorkflowEnvironment
@@ -36,6 +37,24 @@ from tests.builders import HookServer  # noqa: E402
 MYSQL_URL = os.environ.get("NEXUS_TEST_MYSQL_URL")
 
 BACKENDS = ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)]
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Logging is process-wide: a test that configures it (a CLI call, a bench's
+    main at ERROR) leaves it as it found it, so a later test on the same xdist
+    worker sees the log lines it asserts whatever ran before."""
+    import logging
+
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        root.setLevel(level)
+        root.handlers[:] = handlers
 
 
 @pytest.fixture(scope="session")
