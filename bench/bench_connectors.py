@@ -256,6 +256,14 @@ def done(engine: Engine, install_id: str) -> dict[str, int]:
     return {state: int(n) for state, n in rows}
 
 
+def _restore_env(name: str, value: str | None) -> None:
+    """Put environment variable ``name`` back to ``value`` (``None``: unset)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 async def pipeline(
     env: WorkflowEnvironment,
     backend: str,
@@ -272,11 +280,15 @@ async def pipeline(
     their CPU is counted as the worker's.
     """
     settings, engine, install_id = await prepare(env, url, n)
-    os.environ[ENV_WORKERS_PER_PACK] = str(workers)  # read when the worker's knobs are
     port = free_port(max(procs, 1))
     settings = settings.model_copy(update={"metrics_address": f"127.0.0.1:{port}"})
     endpoints = [f"127.0.0.1:{port + k}" for k in range(max(procs, 1))]
     async with contextlib.AsyncExitStack() as stack:
+        # Read when the worker's knobs are built (here or in the worker processes);
+        # put back afterwards: a caller in the same process (the smoke test under
+        # pytest) must not inherit this run's pool size.
+        stack.callback(_restore_env, ENV_WORKERS_PER_PACK, os.environ.get(ENV_WORKERS_PER_PACK))
+        os.environ[ENV_WORKERS_PER_PACK] = str(workers)
         if procs == 0:
             # A client on a runtime that exports metrics, as `nexusctl worker` has.
             client = await Client.connect(

@@ -40,21 +40,28 @@ BACKENDS = ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)]
 
 
 @pytest.fixture(autouse=True)
-def _logging_restored() -> Iterator[None]:
-    """Logging is process-wide: a test that configures it (a CLI call, a bench's
-    main at ERROR) leaves it as it found it, so a later test on the same xdist
-    worker sees the log lines it asserts whatever ran before."""
+def _process_state_restored() -> Iterator[None]:
+    """Logging and the environment are process-wide: a test that changes them (a
+    CLI call configuring logging, a bench's main at ERROR or setting a
+    ``NEXUSCRM_CONNECTOR_*`` knob) leaves them as it found them, so a later test
+    on the same xdist worker sees the log lines and the knobs it expects. (A
+    bench's pool-size knob once leaked this way: a later pool test's fleet ran
+    2 workers, not 8.)"""
     import logging
 
     saved = structlog.get_config()
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
+    environ = dict(os.environ)
     try:
         yield
     finally:
         structlog.configure(**saved)
         root.setLevel(level)
         root.handlers[:] = handlers
+        if dict(os.environ) != environ:  # a knob set in-process (a bench main)
+            os.environ.clear()
+            os.environ.update(environ)
 
 
 @pytest.fixture(scope="session")

@@ -145,6 +145,7 @@ async def test_rebuild_of_a_busy_pool_runs_every_worker_and_no_event_waits_past_
         # one: judge the pool the fleet serves now, and every pool before it.
         (final,) = (await fleet.query("status", result_type=FleetStatus)).pools
         assert final.supervisor_workflow_id != first.supervisor_workflow_id
+        assert final.worker_count == 8  # the default pool: no knob leaked into this process
         # every worker of the serving pool runs; nothing of the old pools does
         assert len(await wait_workers(client, final, timeout=30)) == 8
         assert len(await running_workers(client, final.supervisor_workflow_id)) == 8
