@@ -178,6 +178,11 @@ def build_connector_worker(
         activity_executor=ThreadPoolExecutor(max_workers=sizing.threads),
         max_concurrent_activities=sizing.activities,
         max_concurrent_local_activities=sizing.local_activities,
+        # A batch goes to whichever process polls for it, not to the process
+        # that runs its inbound worker's workflow (eager dispatch): workflows
+        # stay on the process that first ran them (sticky), so a process that
+        # joins later would otherwise never get a batch.
+        disable_eager_activity_execution=True,
         graceful_shutdown_timeout=_shutdown_timeout(settings),
         sticky_queue_schedule_to_start_timeout=_sticky_timeout(settings),
     )
