@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psutil
 
@@ -256,14 +257,6 @@ def done(engine: Engine, install_id: str) -> dict[str, int]:
     return {state: int(n) for state, n in rows}
 
 
-def _restore_env(name: str, value: str | None) -> None:
-    """Put environment variable ``name`` back to ``value`` (``None``: unset)."""
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
 async def pipeline(
     env: WorkflowEnvironment,
     backend: str,
@@ -287,8 +280,7 @@ async def pipeline(
         # Read when the worker's knobs are built (here or in the worker processes);
         # put back afterwards: a caller in the same process (the smoke test under
         # pytest) must not inherit this run's pool size.
-        stack.callback(_restore_env, ENV_WORKERS_PER_PACK, os.environ.get(ENV_WORKERS_PER_PACK))
-        os.environ[ENV_WORKERS_PER_PACK] = str(workers)
+        stack.enter_context(mock.patch.dict(os.environ, {ENV_WORKERS_PER_PACK: str(workers)}))
         if procs == 0:
             # A client on a runtime that exports metrics, as `nexusctl worker` has.
             client = await Client.connect(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -47,8 +48,6 @@ def _process_state_restored() -> Iterator[None]:
     on the same xdist worker sees the log lines and the knobs it expects. (A
     bench's pool-size knob once leaked this way: a later pool test's fleet ran
     2 workers, not 8.)"""
-    import logging
-
     saved = structlog.get_config()
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)

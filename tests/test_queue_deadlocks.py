@@ -341,8 +341,7 @@ async def test_a_retried_lock_conflict_is_one_line_and_a_real_error_stays_loud(
     """An activity that meets a real lock conflict (MariaDB lock wait timeout,
     SQLite ``database is locked``) is retried and logs it as one warning line,
     no traceback; a real error (a missing table) still logs its traceback."""
-    # Logging is process-wide: an earlier test in this process may have left it
-    # at ERROR (the bench smoke tests run a bench's main, which does).
+    # The lines are asserted as the worker writes them: JSON, at INFO.
     configure_logging("json", "INFO")
     acts = LockConflict(settings.database_url)
     caplog.set_level(logging.INFO)
