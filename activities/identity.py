@@ -750,10 +750,12 @@ class IdentityActivities:
                     probe_now=True,
                 )
                 started += 1
-            activity.heartbeat()
             after = _page_after(rows)
             if after is None:
                 break
+            # Only before a further page: a pass of one page (the idle fleet's, every
+            # 5 s) sends no heartbeat, which would be a server call per pass.
+            activity.heartbeat()
         else:
             log.warning(
                 "identity convergence recovery stopped at its page bound",

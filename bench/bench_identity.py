@@ -112,7 +112,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -137,7 +139,7 @@ from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.temporal import SEARCH_ATTRIBUTES, signal_fleet, start_fleet, temporal_binary
 from nexusctl.worker import build_connector_worker
-from tests.builders import children_and_parents, install
+from tests.builders import children_and_parents, free_port, install
 
 RESULTS = Path(__file__).resolve().parent / "results" / "identity.json"
 MODES = ("steady", "bulk", "parked")
@@ -391,6 +393,38 @@ def database_server() -> psutil.Process | None:
         if p.info["name"] in ("mariadbd", "mysqld"):
             return p
     return None
+
+
+SERVER_COUNTERS = ("service_requests", "persistence_requests")
+"""The dev server's request counters read around the idle window (by operation)."""
+
+
+def server_counters(metrics_url: str | None) -> dict[str, float]:
+    """``{"<counter>:<operation>": total}`` of :data:`SERVER_COUNTERS` from the dev
+    server's Prometheus endpoint (``--metrics-port``); empty when it does not answer."""
+    if not metrics_url:
+        return {}
+    try:
+        body = httpx.get(metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in SERVER_COUNTERS:
+                key = f"{name}:{sample.labels.get('operation', '?')}"
+                out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+def counter_rates(
+    before: dict[str, float], after: dict[str, float], seconds: float, top: int = 12
+) -> dict[str, float]:
+    """The ``top`` largest per-second rates of the counters between two reads."""
+    rates = {k: (v - before.get(k, 0.0)) / seconds for k, v in after.items()}
+    ranked = sorted(((r, k) for k, r in rates.items() if r > 0), reverse=True)[:top]
+    return {k: round(r, 3) for r, k in ranked}
 
 
 class _Counting:
@@ -688,12 +722,16 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
     await asyncio.sleep(args.idle_after)
     counter = _Counting()
     print(f"  idle window: {args.idle:.0f} s (pid {os.getpid()})", flush=True)
+    # the dev server main() started reports its counters (none when run() is given one)
+    metrics_url = getattr(args, "server_metrics_url", None)
     with counter.counting():
+        counts0 = await off_loop(server_counters, metrics_url)
         cpu0 = (_cpu_s(me), _cpu_s(server), _cpu_s(db))
         t0 = time.perf_counter()
         await asyncio.sleep(args.idle)
         cpu1 = (_cpu_s(me), _cpu_s(server), _cpu_s(db))
         wall = time.perf_counter() - t0
+        counts1 = await off_loop(server_counters, metrics_url)
     running = await ctx.running_waits() if ctx.design == "waits" else 0
 
     procs = (me, server, db)
@@ -712,6 +750,8 @@ async def parked_mode(ctx: Ctx) -> dict[str, Any]:
         "probes_per_s": round(counter.probes / wall, 2),
         "recovery_starts": counter.starts,
         "waits_running": running,
+        # The dev server's busiest request kinds over the window, per second.
+        "server_requests_per_s": counter_rates(counts0, counts1, wall),
     }
     if db is not None:
         idle["database_cpu_pct"] = pct(2)
@@ -851,6 +891,12 @@ def describe(backend: str, mode: str, design: str, r: dict[str, Any]) -> str:
             f"({grew} MiB since before parking), probes "
             f"{i['probes_per_s']}/s; wake all {r['wake_all_s']} s; left blocked "
             f"{r['left_blocked']}"
+            + (
+                "; server requests/s in the idle window: "
+                + ", ".join(f"{k} {v}" for k, v in list(i["server_requests_per_s"].items())[:6])
+                if i.get("server_requests_per_s")
+                else ""
+            )
         )
     lat, wake = r["latency_ms"], r["link_to_woken_ms"]
     extra = (
@@ -1100,11 +1146,14 @@ async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Start a local dev server, :func:`run`, stop it."""
     args = parse_args(argv)
     configure_logging("json", "ERROR")
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
+        dev_server_extra_args=["--metrics-port", str(metrics_port)],
     )
+    args.server_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         return await run(env, args)
     finally:

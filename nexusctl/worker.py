@@ -19,6 +19,7 @@ from activities.common import BatchLoad
 from activities.connectors import ConnectorActivities
 from activities.controlplane import ControlPlaneActivities
 from activities.controlplane_gates import GateActivities
+from activities.fleet import FleetActivities
 from activities.identity import IdentityActivities
 from activities.metrics import NexusMetrics, run_sampler
 from nexuscrm.connectors.knobs import ConnectorKnobs
@@ -173,8 +174,14 @@ def build_connector_worker(
         with_bounded_failures(client),
         task_queue=task_queue or settings.connector_task_queue,
         workflows=CONNECTOR_WORKFLOWS,
-        # notify and recover start and signal waits from the connector queue.
-        activities=[*acts.all(), identity.notify, identity.recover],
+        # notify and recover start and signal waits from the connector queue;
+        # the fleet's periodic pass runs recovery, liveness and plan in one.
+        activities=[
+            *acts.all(),
+            identity.notify,
+            identity.recover,
+            FleetActivities(acts, identity).periodic,
+        ],
         activity_executor=ThreadPoolExecutor(max_workers=sizing.threads),
         max_concurrent_activities=sizing.activities,
         max_concurrent_local_activities=sizing.local_activities,

@@ -18,6 +18,7 @@ from sqlalchemy import delete, update
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from nexuscrm import cutover
@@ -27,6 +28,7 @@ from nexuscrm.contracts import (
     DesiredPack,
     FleetInput,
     FleetStatus,
+    PeriodicOutcome,
     ReconcileDecision,
     ReconcileOutcome,
     ReconcileRequest,
@@ -89,6 +91,26 @@ async def activity_types(handle: WorkflowHandle[Any, Any]) -> list[str]:
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
+
+
+async def periodic_outcomes(handle: WorkflowHandle[Any, Any]) -> list[PeriodicOutcome]:
+    """The results of the fleet's ``connectors.periodic`` passes, from its history."""
+    history = await handle.fetch_history()
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    converter = DataConverter.default.payload_converter
+    out: list[PeriodicOutcome] = []
+    for e in history.events:
+        if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            continue
+        done = e.activity_task_completed_event_attributes
+        if scheduled.get(done.scheduled_event_id) == "connectors.periodic":
+            (result,) = converter.from_payloads(done.result.payloads, [PeriodicOutcome])
+            out.append(result)
+    return out
 
 
 async def signal_names(client: Client, workflow_id: str) -> list[str]:
@@ -185,12 +207,18 @@ async def test_periodic_reconcile_recovers_identity_first_then_checks_unchanged_
     # startup: orphaned pools drained, reconcile, then recovery
     assert types[:3] == ["connectors.drain_orphan_pools", plan, recover]
     periodic = types[3:]
-    alive = "connectors.closed_pools"
-    # issue 10: a liveness check of the pools replaces the keep-wake (the seed rebuilds a
-    # pool whose handle is done); an unchanged pool is no longer woken through history
-    assert len(periodic) >= 6 and periodic[0::3] == [recover] * len(periodic[0::3])
-    assert periodic[1::3] == [alive] * len(periodic[1::3])
-    assert periodic[2::3] == [plan] * len(periodic[2::3])
+    # patch fleet-periodic-pass: recovery, the pools' liveness check (issue 10: it
+    # replaces the keep-wake; the seed rebuilds a pool whose handle is done) and the
+    # plan run as one activity per pass, in that order (activities.fleet)
+    assert len(periodic) >= 3 and periodic == ["connectors.periodic"] * len(periodic)
+    passes = await periodic_outcomes(fleet)
+    assert len(passes) >= len(periodic) - 1  # the stop cancels the pass in flight
+    for out in passes:
+        assert out.closed == [] and out.recovery_error == ""
+        assert [(d.key, d.action, d.stalled) for d in out.plan.decisions] == [
+            (f"{st.pools[0].namespace}/{st.pools[0].install_id}", "keep", False)
+        ]
+    # an unchanged pool is not woken through history
     assert "wake" not in await signal_names(temporal_env.client, pool)
 
 
@@ -423,3 +451,74 @@ async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
         assert await client.get_workflow_handle(old[0]).result() == "drained"
         await second.signal("stop")
         await second.result()
+
+
+async def pending_activity_types(fleet: WorkflowHandle[Any, Any]) -> list[str]:
+    """The fleet's activities in flight, from the server's describe."""
+    desc = await fleet.describe()
+    return [a.activity_type.name for a in desc.raw_description.pending_activities]
+
+
+async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_hands_it_on(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """Patch fleet-periodic-pass: the pass waits out the interval inside its activity (no
+    timer in the fleet's history); a request cancels it at once; a worker that shuts down
+    meanwhile ends it at once (``skipped``) instead of holding its shutdown for the
+    interval, and the next pass runs on the next worker."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    await install(
+        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
+    )
+    client = temporal_env.client
+    inp = fast_fleet(settings)
+    inp.reconcile_interval_seconds = 15
+
+    async def pass_in_flight() -> None:
+        for _ in range(100):
+            if "connectors.periodic" in await pending_activity_types(fleet):
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError("no periodic pass in flight")
+
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, inp)
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        await pass_in_flight()
+        kinds = [e.event_type for e in (await fleet.fetch_history()).events]
+        assert EventType.EVENT_TYPE_TIMER_STARTED not in kinds
+        # A request does not wait for the interval: it cancels the pass and runs now.
+        await fleet.signal("reconcile_changed")
+        st = await wait_status(fleet, lambda s: s.reconciles > st.reconciles, timeout=10)
+        await pass_in_flight()
+        stopping = asyncio.get_running_loop().time()
+    shutdown_s = asyncio.get_running_loop().time() - stopping
+    assert shutdown_s < 10, f"the worker's shutdown waited {shutdown_s:.1f} s for the pass"
+    history = await fleet.fetch_history()
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in [
+        e.event_type for e in history.events
+    ]
+    async with build_connector_worker(client, settings):
+        # the skipped pass, the rest of its interval as a timer, then a pass here
+        ran = len([o for o in await periodic_outcomes(fleet) if not o.skipped])
+        for _ in range(300):
+            outcomes = await periodic_outcomes(fleet)
+            if len([o for o in outcomes if not o.skipped]) > ran:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError(f"no pass ran on the next worker: {outcomes}")
+        # the pass the worker's shutdown cut short (and the one the request cancelled,
+        # which kept waiting in that worker: a cancel reaches it only at a heartbeat)
+        assert [o.skipped for o in outcomes].count(True) in (1, 2)
+        after = await fleet.query("status", result_type=FleetStatus)
+        assert [p.supervisor_workflow_id for p in after.pools] == [
+            p.supervisor_workflow_id for p in st.pools
+        ]
+        assert after.last_error is None
+        await fleet.signal("stop")
+        await fleet.result()
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED not in [
+        e.event_type for e in (await fleet.fetch_history()).events
+    ]

@@ -22,8 +22,8 @@ from nexusctl.worker import IDENTITY_THREADS, connector_sizing
 def test_sizing_follows_packs_times_workers_per_pack():
     s = worker_sizing(8, 4, extra_threads=IDENTITY_THREADS)
     assert (s.demand, s.local_activities, s.activities) == (32, 32, 32 + CONTROL_ACTIVITIES)
-    assert s.threads == s.activities + s.local_activities == 68
-    assert (s.pool_size, s.max_overflow) == (68 + IDENTITY_THREADS, POOL_OVERFLOW)
+    assert s.threads == s.activities + s.local_activities == 64 + CONTROL_ACTIVITIES
+    assert (s.pool_size, s.max_overflow) == (s.threads + IDENTITY_THREADS, POOL_OVERFLOW)
     assert not s.capped
     assert worker_sizing(0, 0).demand == 1  # at least one worker
 
@@ -31,7 +31,8 @@ def test_sizing_follows_packs_times_workers_per_pack():
 def test_sizing_is_capped():
     s = worker_sizing(128, 4, max_slots=128)
     assert s.capped and s.demand == 512
-    assert (s.local_activities, s.activities, s.threads) == (128, 132, 260)
+    assert (s.local_activities, s.activities) == (128, 128 + CONTROL_ACTIVITIES)
+    assert s.threads == 256 + CONTROL_ACTIVITIES
     with pytest.raises(ValueError):
         worker_sizing(8, 1, max_slots=0)
 

@@ -24,6 +24,7 @@ from temporalio.common import (
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
+    CancelledError,
     WorkflowAlreadyStartedError,
 )
 from temporalio.workflow import ParentClosePolicy
@@ -41,6 +42,7 @@ from workflows.pack_supervisor import PackSupervisorWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.connectors import ConnectorActivities
+    from activities.fleet import FleetActivities
     from activities.identity import IdentityActivities
     from nexuscrm.connectors.reconcile import (
         ACTION_KEEP,
@@ -56,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         DesiredPack,
         FleetInput,
         FleetStatus,
+        PeriodicRequest,
         ReconcileOutcome,
         ReconcileRequest,
         SupervisorConfig,
@@ -68,6 +71,13 @@ BACKLOG_WAKE_PATCH = "backlog-wake"
 """Patch id: a periodic reconcile wakes each kept pool the plan flags ``stalled``
 (claimable work while a worker holds no lease, ``queue.stalled_pack``): the seed's
 backlog reconcile, now that idle workers back their timers off (``idle-backoff``)."""
+
+PERIODIC_PASS_PATCH = "fleet-periodic-pass"
+"""Patch id: a periodic reconcile's identity recovery, pool liveness check and plan run
+as one activity (``connectors.periodic``, :mod:`activities.fleet`) that first waits out
+the reconcile interval (no timer): one activity task and one workflow task per idle
+pass instead of three activities, a timer and four workflow tasks (issue 16: the idle
+fleet's passes were most of an idle server's CPU)."""
 
 
 def supervisor_workflow_id(database_id: str, pack: DesiredPack, generation: int) -> str:
@@ -147,6 +157,9 @@ class ConnectorFleetWorkflow:
         self.lock = asyncio.Lock()  # prune and reconcile, one at a time
         self.v2 = False
         self.backlog_wake = False
+        self.periodic_pass = False
+        self.pass_in_flight = False  # a periodic pass's activity runs (fleet-periodic-pass)
+        self.lifecycle_changes = 0  # prunes so far: a pass planned before one is not applied
 
     @workflow.signal
     def reconcile(self) -> None:
@@ -203,6 +216,7 @@ class ConnectorFleetWorkflow:
                 key = f"{namespace}/{install_id}"
                 self.blocked.pop(key, None)
                 pack = self.running.pop(key, None)
+                self.lifecycle_changes += 1
                 if pack is None:
                     return False
                 await self._signal(pack, "drain")
@@ -363,7 +377,7 @@ class ConnectorFleetWorkflow:
         )
 
     async def _reconcile(self, mode: str) -> None:
-        """Apply one typed plan; raises ``ApplicationError`` when startup fails."""
+        """Plan and apply one reconcile; raises ``ApplicationError`` when startup fails."""
         startup = mode == MODE_STARTUP
         self.blocked = {}  # every kind of reconcile clears the blocked map (seed)
         self.degraded = {}
@@ -378,6 +392,74 @@ class ConnectorFleetWorkflow:
             self.last_error = cause
             workflow.logger.warning("reconcile failed, keeping running pools: %s", cause)
             return
+        await self._apply(out, startup)
+
+    async def _periodic(self) -> None:
+        """One periodic pass as one activity (patch ``fleet-periodic-pass``).
+
+        The activity (:meth:`activities.fleet.FleetActivities.periodic`) waits
+        out the reconcile interval, then runs identity recovery, the pools'
+        liveness check and the plan; this forgets the closed pools and applies
+        the plan, as the timer and the three activities of a pass did before.
+        A request or a stop while the activity runs cancels it (the run loop);
+        a ``prune`` meanwhile discards its plan (the seed's TryLock: a pass
+        never applies over a lifecycle change), and so does a busy lifecycle.
+        A pass whose worker began shutting down returns ``skipped`` at once;
+        the rest of the interval is then a timer, and the next pass runs on a
+        worker that stays.
+        """
+        lifecycle = self.lifecycle_changes
+        keys = {k: p.supervisor_workflow_id for k, p in self.running.items()}
+        delay = max(0.0, self.inp.reconcile_interval_seconds)
+        self.pass_in_flight = True
+        try:
+            out = await workflow.execute_activity_method(
+                FleetActivities.periodic,
+                PeriodicRequest(
+                    self.inp.database_id,
+                    {k: p.fingerprint for k, p in self.running.items()},
+                    keys,
+                    self.inp.fleet_epoch,
+                    identity_recovery=self.inp.identity_recovery,
+                    delay_seconds=delay,
+                ),
+                # the delay, then the recovery's bounds (paged, heartbeating) and the plan
+                start_to_close_timeout=timedelta(seconds=delay) + timedelta(minutes=11),
+                heartbeat_timeout=timedelta(seconds=delay + 60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as err:  # the next pass tries again
+            if isinstance(err.cause, CancelledError):  # by a request or a stop (run loop)
+                return
+            self.last_error = str(err.cause or err)
+            workflow.logger.warning("reconcile failed, keeping running pools: %s", self.last_error)
+            return
+        finally:
+            self.pass_in_flight = False
+        if out.skipped:  # its worker shut down: the rest of the interval as a timer
+            self.pass_in_flight = True  # a request or a stop cuts it short (run loop)
+            try:
+                await workflow.sleep(timedelta(seconds=delay))
+            finally:
+                self.pass_in_flight = False
+            return
+        if out.recovery_error:
+            workflow.logger.warning("identity wait recovery failed: %s", out.recovery_error)
+        if self.lifecycle_busy or self.lock.locked() or lifecycle != self.lifecycle_changes:
+            workflow.logger.info("periodic reconcile skipped: lifecycle busy")
+            return
+        async with self.lock:
+            self.blocked = {}  # every kind of reconcile clears the blocked map (seed)
+            self.degraded = {}
+            closed = set(out.closed)
+            for key, wf_id in keys.items():
+                if wf_id in closed and self.running.get(key) is not None:
+                    workflow.logger.warning("pool %s closed; rebuilding", wf_id)
+                    self.running.pop(key, None)
+            await self._apply(out.plan, startup=False)
+
+    async def _apply(self, out: ReconcileOutcome, startup: bool) -> None:
+        """Apply one typed plan; raises ``ApplicationError`` when startup fails."""
         self.blocked = dict(out.blocked)
         self.degraded = dict(out.degraded)
         if out.fatal:  # the plan starts nothing when it is fatal
@@ -446,7 +528,10 @@ class ConnectorFleetWorkflow:
             workflow.logger.warning("identity wait recovery failed: %s", err)
 
     def _done_or_stopping(self, task: asyncio.Future[None]) -> Callable[[], bool]:
-        return lambda: task.done() or self.stopping
+        # a periodic pass's activity (mostly its interval) gives way to a request too
+        return lambda: (
+            task.done() or self.stopping or (self.pass_in_flight and self.requested is not None)
+        )
 
     async def _cycle(self, mode: str) -> None:
         if mode == MODE_STARTUP:
@@ -461,6 +546,8 @@ class ConnectorFleetWorkflow:
                 await self._reconcile(mode)
             # Startup recovery is not a readiness gate (the seed defers its errors).
             await self._recover_waits()
+        elif mode == MODE_PERIODIC and self.periodic_pass:
+            await self._periodic()  # its activity waits out the interval first
         elif mode == MODE_PERIODIC:
             await self._recover_waits()  # due identity recovery first (reconcileBacklog)
             # the seed's TryLock: never wait on a busy lifecycle
@@ -493,6 +580,7 @@ class ConnectorFleetWorkflow:
         """
         self.v2 = workflow.patched("fleet-lifecycle-v2")
         self.backlog_wake = workflow.patched(BACKLOG_WAKE_PATCH)
+        self.periodic_pass = self.v2 and workflow.patched(PERIODIC_PASS_PATCH)
         if not inp.fleet_epoch:
             inp.fleet_epoch = workflow.info().first_execution_run_id
         forwarder = asyncio.ensure_future(self._forward_wakes())
@@ -501,6 +589,13 @@ class ConnectorFleetWorkflow:
             self.requested = None
             task = asyncio.ensure_future(self._cycle(mode))
             await workflow.wait_condition(self._done_or_stopping(task))
+            if not task.done() and self.pass_in_flight:
+                # A request or a stop while a periodic pass's activity runs: cancel
+                # it (its plan is not applied; the activity's work is idempotent).
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                continue
             if not task.done():
                 # Stop during a reconcile: bounded wait, then cancel it (the seed's 5 s).
                 with contextlib.suppress(TimeoutError):
@@ -517,11 +612,12 @@ class ConnectorFleetWorkflow:
             await task  # re-raises a startup failure
             inp.started = True
             self.reconciles += 1
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self.requested is not None or self.stopping,
-                    timeout=timedelta(seconds=inp.reconcile_interval_seconds),
-                )
+            if not self.periodic_pass:  # else the next periodic pass waits out the interval
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self.requested is not None or self.stopping,
+                        timeout=timedelta(seconds=inp.reconcile_interval_seconds),
+                    )
             if self._continue_as_new_due() and not self.stopping:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 inp.running = list(self.running.values())

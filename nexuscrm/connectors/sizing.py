@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from nexuscrm.log import log
 
-CONTROL_ACTIVITIES = 4
-"""Remote slots beyond the inbound workers' (reconcile, drain, identity notify/recover)."""
+CONTROL_ACTIVITIES = 5
+"""Remote slots beyond the inbound workers' (reconcile, drain, identity notify/recover,
+and the fleet's periodic pass, which holds one while it waits out its interval)."""
 
 DEFAULT_PACK_ALLOWANCE = 4
 """Packs a connector worker is sized for at least (``NEXUS_CONNECTOR_PACK_ALLOWANCE``)."""

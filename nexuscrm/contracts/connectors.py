@@ -274,6 +274,42 @@ class ReconcileOutcome:
 
 
 @dataclass
+class PeriodicRequest:
+    """One periodic fleet pass in one activity (patch ``fleet-periodic-pass``).
+
+    ``running``: pool fingerprint per ``namespace/install id``; ``pools``: the
+    pool's supervisor workflow id per the same key (their liveness is
+    checked, v2); ``identity_recovery``: run identity-wait recovery first;
+    ``delay_seconds``: wait this long before the pass.
+    """
+
+    database_id: str
+    running: dict[str, str]
+    pools: dict[str, str]
+    fleet_epoch: str
+    identity_recovery: bool = True
+    # seconds the activity waits before the pass: the reconcile interval, so that
+    # an idle pass costs one activity and one workflow task (no timer)
+    delay_seconds: float = 0.0
+
+
+@dataclass
+class PeriodicOutcome:
+    """What a periodic pass found: ``closed`` supervisor workflow ids (pools to
+    forget and rebuild) and the ``plan`` over the pools still running;
+    ``recovered`` waits (re)started by identity recovery, ``recovery_error`` its
+    failure (logged, retried at the next pass); ``skipped``: the worker began
+    shutting down during the interval and nothing ran."""
+
+    closed: list[str] = field(default_factory=list)
+    plan: ReconcileOutcome = field(default_factory=ReconcileOutcome)
+    recovered: int = 0
+    recovery_error: str = ""
+    # the worker began shutting down during the interval: nothing ran
+    skipped: bool = False
+
+
+@dataclass
 class FleetStatus:
     """``status`` query of the fleet: running pools, blocked and degraded packs.
 
