@@ -428,20 +428,17 @@ class ConnectorFleetWorkflow:
                 heartbeat_timeout=timedelta(seconds=delay + 60),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
-        except ActivityError as err:  # the next pass tries again
+        except ActivityError as err:  # the next pass tries again, after the interval
             if isinstance(err.cause, CancelledError):  # by a request or a stop (run loop)
                 return
             self.last_error = str(err.cause or err)
             workflow.logger.warning("reconcile failed, keeping running pools: %s", self.last_error)
+            await self._interval(delay)
             return
         finally:
             self.pass_in_flight = False
         if out.skipped:  # its worker shut down: the rest of the interval as a timer
-            self.pass_in_flight = True  # a request or a stop cuts it short (run loop)
-            try:
-                await workflow.sleep(timedelta(seconds=delay))
-            finally:
-                self.pass_in_flight = False
+            await self._interval(delay)
             return
         if out.recovery_error:
             workflow.logger.warning("identity wait recovery failed: %s", out.recovery_error)
@@ -457,6 +454,16 @@ class ConnectorFleetWorkflow:
                     workflow.logger.warning("pool %s closed; rebuilding", wf_id)
                     self.running.pop(key, None)
             await self._apply(out.plan, startup=False)
+
+    async def _interval(self, seconds: float) -> None:
+        """The reconcile interval as a timer, when a periodic pass could not wait it out
+        (it failed, or its worker shut down): the next pass does not start at once. A
+        request or a stop cuts it short (the run loop cancels it)."""
+        self.pass_in_flight = True
+        try:
+            await workflow.sleep(timedelta(seconds=seconds))
+        finally:
+            self.pass_in_flight = False
 
     async def _apply(self, out: ReconcileOutcome, startup: bool) -> None:
         """Apply one typed plan; raises ``ApplicationError`` when startup fails."""
