@@ -108,6 +108,11 @@ class ConnectorActivities:
 
         Database errors are outcomes, not raised; only a bad ``mode`` raises.
         """
+        return self.plan(req, take_fences=True)
+
+    def plan(self, req: ReconcileRequest, *, take_fences: bool) -> ReconcileOutcome:
+        """:meth:`reconcile_plan`'s work; ``take_fences=False`` takes no claim fence
+        (the fleet's periodic pass, whose plan may be discarded: ``activities.fleet``)."""
         plan = reconcile.plan_reconcile(
             self.engine,
             selection=self.selection,
@@ -116,6 +121,7 @@ class ConnectorActivities:
             running=req.running,
             fleet_epoch=req.fleet_epoch,
             resolvers=self.resolvers,
+            take_fences=take_fences,
         )
         for key, reason in plan.blocked.items():
             log.error("connector pack not served", pack=key, reason=reason)

@@ -13,12 +13,13 @@ an idle pass costs one activity task and one workflow task.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from temporalio import activity
 
 from activities.connectors import ConnectorActivities
 from activities.identity import IdentityActivities
-from nexuscrm.connectors.reconcile import MODE_PERIODIC
+from nexuscrm.connectors.reconcile import MODE_PERIODIC, starts_pool
 from nexuscrm.contracts import PeriodicOutcome, PeriodicRequest, ReconcileRequest
 from nexuscrm.log import log
 
@@ -69,7 +70,11 @@ class FleetActivities:
         3. The reconcile plan (``connectors.reconcile_plan``, mode ``periodic``)
            over ``req.running`` without the closed pools, so that the plan
            starts them again. Database errors are outcomes in the plan; a bad
-           pack that is fatal raises as that activity does.
+           pack that is fatal raises as that activity does. The plan takes no
+           claim fence: when it would start (or replace) a pool, it is not
+           returned and ``replan`` is set; the fleet then plans again with
+           fences under its lock (``connectors.reconcile_plan``) and applies
+           that plan, so that a discarded pass never supersedes a running pool.
         """
         if req.delay_seconds > 0 and not await _interval(req.delay_seconds):
             return PeriodicOutcome(skipped=True)
@@ -87,8 +92,15 @@ class FleetActivities:
                 log.warning("pool liveness check failed", error=str(err))
         closed = set(out.closed)
         running = {k: fp for k, fp in req.running.items() if req.pools.get(k) not in closed}
-        out.plan = await asyncio.to_thread(
-            self.connectors.reconcile_plan,
+        plan = await asyncio.to_thread(
+            functools.partial(self.connectors.plan, take_fences=False),
             ReconcileRequest(req.database_id, MODE_PERIODIC, running, req.fleet_epoch),
         )
+        if starts_pool(plan):
+            # Starting a pool takes its pack's claim fence, which supersedes the
+            # pack's running pool: never in a plan the fleet may still discard (a
+            # request or a prune meanwhile). The fleet plans again under its lock.
+            out.replan = True
+        else:
+            out.plan = plan
         return out

@@ -18,7 +18,6 @@ from sqlalchemy import delete, update
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from nexuscrm import cutover
@@ -28,7 +27,6 @@ from nexuscrm.contracts import (
     DesiredPack,
     FleetInput,
     FleetStatus,
-    PeriodicOutcome,
     ReconcileDecision,
     ReconcileOutcome,
     ReconcileRequest,
@@ -50,6 +48,7 @@ from tests.builders import (
     webhook_route,
     write_connector_pack,
 )
+from tests.history import activity_types, periodic_outcomes
 from tests.stubs import DrainableWorker
 from workflows.fleet import ConnectorFleetWorkflow
 from workflows.pack_supervisor import PackSupervisorWorkflow
@@ -82,35 +81,6 @@ async def wait_status(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"fleet status: {st}")
         await asyncio.sleep(0.2)
-
-
-async def activity_types(handle: WorkflowHandle[Any, Any]) -> list[str]:
-    history = await handle.fetch_history()
-    return [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
-
-
-async def periodic_outcomes(handle: WorkflowHandle[Any, Any]) -> list[PeriodicOutcome]:
-    """The results of the fleet's ``connectors.periodic`` passes, from its history."""
-    history = await handle.fetch_history()
-    scheduled = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    converter = DataConverter.default.payload_converter
-    out: list[PeriodicOutcome] = []
-    for e in history.events:
-        if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            continue
-        done = e.activity_task_completed_event_attributes
-        if scheduled.get(done.scheduled_event_id) == "connectors.periodic":
-            (result,) = converter.from_payloads(done.result.payloads, [PeriodicOutcome])
-            out.append(result)
-    return out
 
 
 async def signal_names(client: Client, workflow_id: str) -> list[str]:

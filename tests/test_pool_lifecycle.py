@@ -26,6 +26,7 @@ from tests.builders import (
     wait_drained,
     wait_pools,
 )
+from tests.history import activity_types, periodic_outcomes
 
 
 async def running_ids(client: Client, query: str) -> list[str]:
@@ -199,6 +200,15 @@ async def test_terminated_supervisor_is_rebuilt_within_one_reconcile_interval(
         # one reconcile interval, plus the periodic cycle's own activities on a loaded box
         assert rebuilt_after <= fleet_in.reconcile_interval_seconds + 2.0, rebuilt_after
         await wait_workers(client, pools[0])
+        # The pass that saw it closed took no claim fence (its plan could have been
+        # discarded); the fleet planned again with fences under its lock and started
+        # the pool from that plan: the same fleet keeps its generation.
+        assert any(o.replan and o.closed for o in await periodic_outcomes(fleet))
+        types = await activity_types(fleet)
+        replanned = len(types) - 1 - types[::-1].index("connectors.reconcile_plan")
+        assert replanned > types.index("connectors.periodic"), types  # not startup's
+        assert types[replanned - 1] == "connectors.periodic", types
+        assert pools[0].generation == first.generation
         await fleet.signal("stop")
         await fleet.result()
 

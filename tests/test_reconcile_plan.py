@@ -242,6 +242,41 @@ def test_generation_owner_and_fence_are_part_of_the_pool_fingerprint(engine, tmp
     assert d.pack.fingerprint != first.pack.fingerprint
 
 
+def test_a_plan_without_fences_supersedes_no_running_pool(engine, tmp_path):
+    """The fleet's periodic pass plans with ``take_fences=False`` (its plan may be
+    discarded by a request or a prune): a pool it would start takes no fence, so the
+    pool that runs under the current fence keeps claiming; ``starts_pool`` tells the
+    fleet to plan again with fences before it starts anything."""
+    key = install(engine, tmp_path, [profile()])
+    install_id = key.split("/")[1]
+    first = only(plan(engine, "startup")).pack
+    assert first is not None and admission.resolve_claim_generation(engine, install_id) == 1
+    holds = (install_id, first.generation, first.fencing_token)
+    assert wq.fence_holds(engine, *holds)
+    for running in ({}, {key: "stale-fingerprint"}):  # a missing pool, a changed one
+        p = plan_reconcile(
+            engine, selection=None, knobs=KNOBS, mode="periodic", running=running,
+            fleet_epoch="run-2", env=ENV, take_fences=False,
+        )  # fmt: skip
+        d = only(p)
+        assert d.action == ACTION_START and d.pack is not None
+        assert reconcile.starts_pool(p)
+        assert admission.resolve_claim_generation(engine, install_id) == 1
+    assert wq.fence_holds(engine, *holds)  # the running pool may still claim and finish
+    kept = plan_reconcile(
+        engine, selection=None, knobs=KNOBS, mode="periodic",
+        running={key: first.fingerprint}, fleet_epoch="run-1", env=ENV, take_fences=False,
+    )  # fmt: skip
+    assert only(kept).action == ACTION_KEEP and not reconcile.starts_pool(kept)
+    # Planned with fences (what the fleet does next), the other epoch supersedes it.
+    taken = plan_reconcile(
+        engine, selection=None, knobs=KNOBS, mode="periodic", running={},
+        fleet_epoch="run-2", env=ENV,
+    )  # fmt: skip
+    assert only(taken).pack.generation == 2  # type: ignore[union-attr]
+    assert not wq.fence_holds(engine, *holds)
+
+
 def test_a_fence_that_cannot_be_taken_keeps_a_running_pool_and_fails_a_new_one(engine, tmp_path):
     key = install(engine, tmp_path, [profile()])
     running = running_of(plan(engine, "startup"))

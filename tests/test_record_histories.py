@@ -17,13 +17,14 @@ import gzip
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHistory
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import ApplyAllInput
+from nexuscrm.contracts import ApplyAllInput, DesiredPack, FleetStatus
 from nexuscrm.contracts.controlplane_queue import RemovePackInput
 from nexuscrm.db.engine import make_engine
 from nexusctl.controlplane_queue import run_queued, settled
@@ -52,6 +53,17 @@ def save(kind: str, history: WorkflowHistory) -> Path:
     return path
 
 
+async def rebuilt(fleet: Any, old: DesiredPack, timeout: float = 60) -> DesiredPack:
+    """The fleet's one pool once it is no longer ``old`` (another supervisor)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        pools = (await fleet.query("status", result_type=FleetStatus)).pools
+        if len(pools) == 1 and pools[0].supervisor_workflow_id != old.supervisor_workflow_id:
+            return pools[0]
+        assert asyncio.get_running_loop().time() < deadline, pools
+        await asyncio.sleep(0.2)
+
+
 async def history_length(client: Client, wf_id: str) -> int:
     return (await client.get_workflow_handle(wf_id).describe()).history_length
 
@@ -63,7 +75,7 @@ async def test_record_fleet_supervisor_and_worker_histories(temporal_env, settin
     (pack,) = list_connector_packs(engine)
     client = temporal_env.client
     inp = fast_fleet(settings)
-    inp.reconciles_before_continue_as_new = 6
+    inp.reconciles_before_continue_as_new = 12
     async with build_connector_worker(client, settings):
         fleet = await start_fleet(client, settings, inp)
         first_run = (await fleet.describe()).run_id
@@ -71,9 +83,13 @@ async def test_record_fleet_supervisor_and_worker_histories(temporal_env, settin
         queue.enqueue(engine, hook_events(pack.install_id, [f"r{i}" for i in range(20)]))
         await wait_drained(engine)
         await fleet.signal("reconcile")  # rebuild the pool
-        await wait_pools(fleet, 1)
+        second = await rebuilt(fleet, first)
         sup = client.get_workflow_handle(first.supervisor_workflow_id)
         assert await sup.result() == "drained"
+        # a pool that ended: the periodic pass sees it closed and the fleet plans
+        # again with fences (replan, patch fleet-periodic-pass) to rebuild it
+        await client.get_workflow_handle(second.supervisor_workflow_id).terminate("by hand")
+        await rebuilt(fleet, second)
         while (await fleet.describe()).run_id == first_run:  # continued-as-new
             await asyncio.sleep(0.2)
         worker_id = f"{first.supervisor_workflow_id}/r0/worker-0"

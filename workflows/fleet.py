@@ -401,6 +401,9 @@ class ConnectorFleetWorkflow:
         out the reconcile interval, then runs identity recovery, the pools'
         liveness check and the plan; this forgets the closed pools and applies
         the plan, as the timer and the three activities of a pass did before.
+        A plan that would start or replace a pool took no claim fence (``replan``):
+        it is made again with fences under the lock (``connectors.reconcile_plan``)
+        and that plan is applied, so a discarded pass never supersedes a pool.
         A request or a stop while the activity runs cancels it (the run loop);
         a ``prune`` meanwhile discards its plan (the seed's TryLock: a pass
         never applies over a lifecycle change), and so does a busy lifecycle.
@@ -453,6 +456,12 @@ class ConnectorFleetWorkflow:
                 if wf_id in closed and self.running.get(key) is not None:
                     workflow.logger.warning("pool %s closed; rebuilding", wf_id)
                     self.running.pop(key, None)
+            if out.replan:
+                # The pass's plan starts a pool: it took no claim fence (it could
+                # have been discarded). Plan again with fences, under the lock,
+                # and apply that plan (a request now waits for it, as before).
+                await self._reconcile(MODE_PERIODIC)
+                return
             await self._apply(out.plan, startup=False)
 
     async def _interval(self, seconds: float) -> None:

@@ -191,6 +191,7 @@ def plan_reconcile(
     fleet_epoch: str,
     env: Mapping[str, str] = os.environ,
     resolvers: Resolvers | None = None,
+    take_fences: bool = True,
 ) -> ReconcileOutcome:
     """Plan one reconcile (see the module docstring for every rule).
 
@@ -204,6 +205,12 @@ def plan_reconcile(
     error or the startup failure; ``fatal``: startup failed (start nothing,
     fail the fleet); ``stop_all``: stop every pool (listing error under a
     serving selection). Raises ``ValueError`` for an unknown ``mode``.
+
+    ``take_fences=False`` plans without taking any claim fence (a pool to
+    start carries the fence as it was read, not one of its own): a look whose plan may be
+    discarded (the fleet's periodic pass, :func:`starts_pool`) must not
+    supersede a running pool; the caller plans again with fences before it
+    starts anything.
     """
     if mode not in MODES:
         raise ValueError(f"unknown reconcile mode {mode!r} (expected one of {', '.join(MODES)})")
@@ -237,12 +244,19 @@ def plan_reconcile(
         for row in desired.packs:
             _plan_row(engine, row, plan, r, selection, knobs, startup, force,
                       preserve_on_read_error, running, fleet_epoch, env)  # fmt: skip
-        _take_fences(engine, plan, r, knobs, startup, running, fleet_epoch)
+        if take_fences:
+            _take_fences(engine, plan, r, knobs, startup, running, fleet_epoch)
     except _Fatal as exc:
         return ReconcileOutcome(blocked=plan.blocked, error=str(exc), fatal=True)
     if mode == MODE_PERIODIC:
         _mark_stalled(engine, plan, r)
     return plan
+
+
+def starts_pool(plan: ReconcileOutcome) -> bool:
+    """True when ``plan`` starts (or replaces) a pool: applied, it needs the claim fences
+    that a plan made with ``take_fences=False`` did not take."""
+    return any(d.action == ACTION_START and d.pack is not None for d in plan.decisions)
 
 
 def _mark_stalled(engine: Engine, plan: ReconcileOutcome, r: Resolvers) -> None:

@@ -299,7 +299,9 @@ class PeriodicOutcome:
     forget and rebuild) and the ``plan`` over the pools still running;
     ``recovered`` waits (re)started by identity recovery, ``recovery_error`` its
     failure (logged, retried at the next pass); ``skipped``: the worker began
-    shutting down during the interval and nothing ran."""
+    shutting down during the interval and nothing ran; ``replan``: the plan
+    would start or replace a pool, so it took no claim fence and ``plan`` is
+    empty: the fleet plans again with fences before it starts anything."""
 
     closed: list[str] = field(default_factory=list)
     plan: ReconcileOutcome = field(default_factory=ReconcileOutcome)
@@ -307,6 +309,9 @@ class PeriodicOutcome:
     recovery_error: str = ""
     # the worker began shutting down during the interval: nothing ran
     skipped: bool = False
+    # the plan would start or replace a pool: it took no claim fence and is not
+    # returned; the fleet plans again with fences (connectors.reconcile_plan)
+    replan: bool = False
 
 
 @dataclass
