@@ -47,6 +47,25 @@ async def _interval(seconds: float) -> bool:
     return not activity.is_worker_shutdown()
 
 
+BUSY_HEARTBEAT_S = 5.0
+"""A pass that works longer than this after its interval heartbeats this often; the
+fleet's heartbeat timeout is the interval plus :data:`PASS_HEARTBEAT_SLACK_S`."""
+
+PASS_HEARTBEAT_SLACK_S = 15.0
+"""Heartbeat timeout of a pass beyond its interval: a pass on a worker that was
+killed (SIGKILL, OOM) is retried elsewhere this long after its interval, not a
+minute later. An idle pass (well under :data:`BUSY_HEARTBEAT_S` of work) sends
+no heartbeat at all."""
+
+
+async def _beat_while_busy(every: float = BUSY_HEARTBEAT_S) -> None:
+    """Heartbeat every ``every`` seconds until cancelled (the pass ended); none in the
+    first ``every`` seconds, so a quick pass costs no server call."""
+    while True:
+        await asyncio.sleep(every)
+        activity.heartbeat()
+
+
 class FleetActivities:
     """The fleet's combined periodic activity over one database's connector and
     identity activities (the same instances the worker registers)."""
@@ -78,6 +97,13 @@ class FleetActivities:
         """
         if req.delay_seconds > 0 and not await _interval(req.delay_seconds):
             return PeriodicOutcome(skipped=True)
+        ticker = asyncio.ensure_future(_beat_while_busy())
+        try:
+            return await self._pass(req)
+        finally:
+            ticker.cancel()
+
+    async def _pass(self, req: PeriodicRequest) -> PeriodicOutcome:
         out = PeriodicOutcome()
         if req.identity_recovery:
             try:

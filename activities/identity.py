@@ -7,46 +7,49 @@ resolver that raises or hangs fails the activity (the wait reschedules), a
 result that arrives after the deadline is not a fresh owner fact and is
 discarded, and a hung resolver keeps the slot until it returns (later probes
 time out waiting for it, never expire anything).
+
+The fleet's recovery (``identity.recover``) is the mixin
+:class:`activities.identity_recovery.IdentityRecovery`; the client side of the
+waits (signal-with-start, ``wake``, which waits run) is
+:mod:`activities.identity_client`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from activities import identity_client
 from activities.common import BatchLoad, quiet_lock_conflicts, shielded
+from activities.identity_client import (  # re-exported: the waits' client side
+    SIGNAL_CONCURRENCY,
+)
+from activities.identity_recovery import IdentityRecovery
 from activities.metrics import NexusMetrics
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import (
     Dependency,
     from_spec,
     probe,
-    resolved_blocked_keys,
-    resolved_keys,
-    to_spec,
-    wait_workflow_id,
 )
 from nexuscrm.contracts import (
     DependencySpec,
     ExpireRequest,
     IdentityWaitConfig,
-    IdentityWaitInput,
     ProbeRequest,
     ProbeResult,
     WaitItem,
@@ -66,9 +69,6 @@ PROBE_TIMED_OUT = "identity convergence probe timed out"
 
 DIRECT_WAKE_ATTEMPTS = 8
 """In-place attempts of a notify's direct wake (lock conflicts: deadlock, busy)."""
-
-SIGNAL_CONCURRENCY = 32
-"""Signals (wakes, signal-with-starts) one notify keeps in flight at once."""
 
 CLOSE_CONCURRENCY = 4
 """``wake`` signals the background closer of a worker process keeps in flight at
@@ -131,142 +131,7 @@ def _naive(iso: str) -> datetime:
     return value
 
 
-async def start_wait(
-    client: Client,
-    *,
-    database_id: str,
-    task_queue: str,
-    dependency: Dependency,
-    work_ids: list[str],
-    config: IdentityWaitConfig,
-    probe_now: bool = False,
-) -> None:
-    """Signal-with-start the wait of ``dependency`` with ``register(work_ids)`` (idempotent).
-
-    ``probe_now``: also ask it to probe at once (``register`` without items),
-    for items whose block may be old (recovery): a parked wait otherwise
-    probes first at its registration plus the max wait.
-    """
-    key = dependency.key_hash
-    handle = await client.start_workflow(
-        "IdentityWait",
-        IdentityWaitInput(
-            database_id=database_id,
-            key_hash=key,
-            dependency=to_spec(dependency),
-            config=config,
-        ),
-        id=wait_workflow_id(database_id, key),
-        task_queue=task_queue,
-        start_signal="register",
-        start_signal_args=[sorted(work_ids)],
-    )
-    if probe_now:
-        await handle.signal("register")
-
-
-async def signal_wake(client: Client, database_id: str, key_hash: str) -> bool:
-    """Signal ``wake`` to the wait of ``key_hash``; False when no wait runs."""
-    try:
-        await client.get_workflow_handle(wait_workflow_id(database_id, key_hash)).signal("wake")
-    except RPCError:
-        return False
-    return True
-
-
-RECOVERY_RECHECK = timedelta(minutes=5)
-"""How long recovery trusts the server's "this wait runs" before asking again."""
-
-LIST_THRESHOLD = 50
-"""Keys from which recovery lists the running waits instead of describing each."""
-
-
-def _running_query(database_id: str) -> str | None:
-    if not database_id or any(c in database_id for c in "'\\\"\n"):
-        return None
-    return (
-        "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
-        f"AND NexusDatabase='{database_id}'"
-    )
-
-
-def _page_after(rows: list[wq.BlockedRow]) -> tuple[datetime, str] | None:
-    """Keyset position (``DependencyBlockedAt``, ``WorkId``) after a full page of
-    blocked rows; ``None`` after a short page (the last)."""
-    if len(rows) < wq.RECOVERY_PAGE:
-        return None
-    last = rows[-1]
-    assert last.blocked_at is not None
-    return (last.blocked_at, last.work_id)
-
-
-async def list_running_waits(client: Client, database_id: str) -> set[str] | None:
-    """Key hashes of the database's running ``IdentityWait`` workflows (server visibility).
-
-    One paged list by the search attribute ``NexusDatabase``; ``None`` when the
-    server cannot answer it (attribute not registered, visibility error) or
-    the database id cannot be quoted in a query.
-    """
-    query = _running_query(database_id)
-    if query is None:
-        return None
-    prefix = wait_workflow_id(database_id, "")
-    out: set[str] = set()
-    # The raw list, workflow ids only: the client's list decodes every
-    # execution's memo and search attributes, which for 10,000 waits took as
-    # much of the worker's CPU as the inbound batches (issue 16).
-    token = b""
-    try:
-        while True:
-            page = await client.workflow_service.list_workflow_executions(
-                ListWorkflowExecutionsRequest(
-                    namespace=client.namespace, query=query, page_size=1000, next_page_token=token
-                )
-            )
-            for info in page.executions:
-                wid = info.execution.workflow_id
-                if wid.startswith(prefix):
-                    out.add(wid[len(prefix) :])
-            token = page.next_page_token
-            if not token:
-                break
-    except RPCError as err:
-        log.info("running identity waits not listed", error=str(err))
-        return None
-    return out
-
-
-async def running_waits(
-    client: Client, database_id: str, key_hashes: list[str], listed: set[str] | None = None
-) -> set[str]:
-    """The key hashes among ``key_hashes`` whose ``IdentityWait`` runs, asked of the server.
-
-    ``listed``: the answer of :func:`list_running_waits` (trusted as is); a
-    key not in it (visibility lags a start; waits without search attributes)
-    is asked by ``describe`` (at most :data:`SIGNAL_CONCURRENCY` at once). A
-    key whose describe fails counts as not running (recovery starts it:
-    signal-with-start is idempotent). Reads only: no history event.
-    """
-    wanted = set(key_hashes)
-    running = wanted & (listed or set())
-    gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
-
-    async def describe(key: str) -> None:
-        async with gate:
-            try:
-                desc = await client.get_workflow_handle(
-                    wait_workflow_id(database_id, key)
-                ).describe()
-            except RPCError:
-                return
-            if desc.status == WorkflowExecutionStatus.RUNNING:
-                running.add(key)
-
-    await asyncio.gather(*(describe(k) for k in sorted(wanted - running)))
-    return running
-
-
-class IdentityActivities:
+class IdentityActivities(IdentityRecovery):
     """Identity-wait activities of one database.
 
     ``resolver(engine, dependency) -> converged`` is the owner read
@@ -482,7 +347,7 @@ class IdentityActivities:
 
         async def wake_one(key: str) -> None:
             async with gate:
-                if not await signal_wake(client, req.database_id, key):
+                if not await identity_client.signal_wake(client, req.database_id, key):
                     # No wait runs: its rows were woken by the write above (or, with
                     # the direct wake off, its start is in flight: it probes at once).
                     log.info("wake of identity wait skipped: none runs", dependency_key_hash=key)
@@ -495,7 +360,7 @@ class IdentityActivities:
 
         async def register(spec: DependencySpec, work_ids: list[str]) -> None:
             async with gate:
-                await start_wait(
+                await identity_client.start_wait(
                     client,
                     database_id=req.database_id,
                     task_queue=self.settings.identity_task_queue,
@@ -561,7 +426,7 @@ class IdentityActivities:
         async def signal(database_id: str, key: str) -> None:
             nonlocal missing
             try:
-                if not await signal_wake(client, database_id, key):
+                if not await identity_client.signal_wake(client, database_id, key):
                     missing += 1  # it ended, or never ran: its rows are woken
             except Exception as err:  # the client closed with the worker
                 log.info("identity wait not completed; recovery's sweep will", error=str(err))
@@ -593,207 +458,6 @@ class IdentityActivities:
         if gone:
             log.info("identity waits registered after their items woke, completed", waits=len(gone))
         return len(gone)
-
-    async def _wake_resolved(self, client: Client, database_id: str) -> int:
-        """Wake every blocked item whose dependency exists now; complete their waits.
-
-        The set-based recheck that replaces each parked wait's own probes
-        (issue 16): one read for all blocked rows (:func:`resolved_blocked_keys`),
-        then one wake write, the fleet's ``wake`` for the packs woken, and a
-        background ``wake`` signal to the wait of each resolved key only
-        (:meth:`_close_later`). Returns the number of keys resolved.
-        """
-        keys = sorted(await asyncio.to_thread(resolved_blocked_keys, self.engine))
-        if not keys:
-            return 0
-        packs = await self._wake_keys(keys, path="recovery")
-        fleet = client.get_workflow_handle(f"connector-fleet/{database_id}")
-        for install_id in sorted(packs):
-            try:
-                await fleet.signal("wake", install_id)
-            except RPCError:  # no fleet: the workers' idle timers find the work
-                break
-        self._close_later(client, database_id, keys)
-        log.info(
-            "identity recovery woke resolved rows",
-            dependency_keys=len(keys),
-            items=sum(packs.values()),
-        )
-        return len(keys)
-
-    async def _sweep_orphan_waits(self, client: Client, database_id: str) -> int:
-        """Ask a probe of each running wait none of whose items has been blocked
-        for two sweeps in a row.
-
-        A wait whose items were woken directly and whose ``wake`` signal was
-        lost (the batch died before its notify) would stay parked until its
-        first due time; its probe now finds no item and it ends ``empty``. At
-        most once per ``max_probe_interval_seconds`` per database and process;
-        the server's count of running waits is read first and the waits are
-        listed (ids only) only when it exceeds the blocked keys. A wait is
-        asked only when the previous sweep found it without blocked items
-        too: during a wake of thousands, their ``wake`` signals are merely on
-        their way, and a probe each would double the work (issue 16).
-        Returns waits asked.
-        """
-        now = time.monotonic()
-        last = self._last_sweep.get(database_id)
-        if last is not None and now - last < max(1.0, self.config.max_probe_interval_seconds):
-            return 0
-        self._last_sweep[database_id] = now
-        query = _running_query(database_id)
-        if query is None:
-            return 0
-        blocked = await asyncio.to_thread(wq.blocked_key_set, self.engine)
-        try:
-            count = (await client.count_workflows(query)).count
-        except RPCError:
-            return 0
-        if count <= len(blocked):
-            self._sweep_candidates.pop(database_id, None)
-            return 0
-        running = await list_running_waits(client, database_id)
-        found = (running or set()) - blocked
-        orphans = sorted(found & self._sweep_candidates.get(database_id, set()))
-        self._sweep_candidates[database_id] = found - set(orphans)
-        gate = asyncio.Semaphore(SIGNAL_CONCURRENCY)
-
-        async def ask(key: str) -> None:
-            async with gate:
-                with contextlib.suppress(RPCError):  # it ended meanwhile
-                    await client.get_workflow_handle(wait_workflow_id(database_id, key)).signal(
-                        "register"
-                    )
-
-        await asyncio.gather(*(ask(key) for key in orphans))
-        if orphans:
-            log.info("identity waits without blocked items asked to probe", waits=len(orphans))
-        return len(orphans)
-
-    def _waitless_page(self, after: tuple[datetime, str] | None) -> list[wq.BlockedRow]:
-        return wq.list_waitless_blocked(self.engine, after=after)
-
-    @activity.defn(name="identity.recover")
-    @quiet_lock_conflicts
-    async def recover(self, database_id: str) -> int:
-        """Give every blocked row without a live wait its wait; returns waits (re)started.
-
-        Converts the seed's parked-processing rows to ``blocked`` and
-        terminalizes invalid blocked rows first, then wakes every blocked row
-        whose dependency resolved (:meth:`_wake_resolved`, the recheck parked
-        waits rely on). Pages of 1000, at most 100.
-        """
-        if self.settings.connector_role == "handoff":
-            # The Runtime owns the dependencies of handed-off work (issue 5 rule 9),
-            # whatever the starter of the fleet asked for.
-            log.info("identity recovery skipped: connector role is handoff")
-            return 0
-        client = activity.client()
-        queue = self.settings.identity_task_queue
-        await asyncio.to_thread(wq.convert_parked, self.engine)
-        invalid = await asyncio.to_thread(wq.list_invalid_blocked, self.engine)
-        if invalid:
-            n = await asyncio.to_thread(wq.terminalize_invalid, self.engine, invalid)
-            log.warning(
-                "invalid identity convergence waits terminalized",
-                items=n,
-                failure_class="identity-convergence-invalid",
-            )
-        # Every blocked row whose dependency resolved without a wake (an owner
-        # written outside this runtime, a wake lost with its batch) goes back
-        # to pending here, once per reconcile: the parked waits never poll.
-        await self._wake_resolved(client, database_id)
-        await self._sweep_orphan_waits(client, database_id)
-        started = 0
-        after: tuple[datetime, str] | None = None
-        listed: set[str] | None = None  # the server's running waits, listed once per run
-        for _page in range(wq.RECOVERY_MAX_PAGES):
-            rows = await asyncio.to_thread(self._waitless_page, after)
-            groups: dict[str, tuple[Dependency, list[str]]] = {}
-            bad: list[str] = []
-            for r in rows:
-                if r.dependency is None:
-                    bad.append(r.work_id)
-                    continue
-                groups.setdefault(r.dependency.key_hash, (r.dependency, []))[1].append(r.work_id)
-            if bad:
-                await asyncio.to_thread(wq.terminalize_invalid, self.engine, bad)
-            # A wait that runs is never signal-with-started again (issue 16): its
-            # rows are only marked so that recovery asks again after the recheck.
-            if listed is None and len(groups) >= LIST_THRESHOLD:
-                listed = await list_running_waits(client, database_id) or set()
-            live = await running_waits(client, database_id, sorted(groups), listed)
-            if live:
-                until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
-                marks = {w: key for key in live for w in groups.pop(key)[1]}
-                await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
-            # A row whose dependency resolved while nobody waited (its batch died
-            # between its block and its notify, after the parent's wake had read
-            # the blocked rows) is woken here (a database read per dependency, one write),
-            # not handed to a wait whose probes may be starved (issue 16).
-            resolved = await asyncio.to_thread(
-                resolved_keys, self.engine, [dep for dep, _ in groups.values()]
-            )
-            if resolved:
-                await self._wake_keys(sorted(resolved), path="recovery")
-                for key in resolved:
-                    groups.pop(key, None)
-                log.info("identity recovery woke resolved rows", dependency_keys=len(resolved))
-            for dep, work_ids in groups.values():
-                await start_wait(
-                    client,
-                    database_id=database_id,
-                    task_queue=queue,
-                    dependency=dep,
-                    work_ids=work_ids,
-                    config=self.config,
-                    probe_now=True,
-                )
-                started += 1
-            after = _page_after(rows)
-            if after is None:
-                break
-            # Only before a further page: a pass of one page (the idle fleet's, every
-            # 5 s) sends no heartbeat, which would be a server call per pass.
-            activity.heartbeat()
-        else:
-            log.warning(
-                "identity convergence recovery stopped at its page bound",
-                pages=wq.RECOVERY_MAX_PAGES,
-            )
-        if listed:
-            await self._mark_listed_alive(listed)
-        if started:
-            log.info("identity waits recovered", waits=started)
-        return started
-
-    async def _mark_listed_alive(self, listed: set[str]) -> int:
-        """After a full list of the running waits: mark *every* blocked row of a
-        listed wait alive until the recheck, not only the rows whose mark had
-        expired.
-
-        Rows block one batch after another, so their marks expire one reconcile
-        after another; each expiry of 50 keys or more lists every running wait
-        again (10 pages for 10,000 waits, a namespace lookup per listed wait on
-        the server: most of the dev server's idle CPU with 10,000 parked, issue
-        16). Marked together, they are listed again together, once per
-        :data:`RECOVERY_RECHECK`. Pages by primary key, as the recheck does.
-        Returns the rows marked.
-        """
-        until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
-        marked = 0
-        after: tuple[datetime, str] | None = None
-        for _page in range(wq.RECOVERY_MAX_PAGES):
-            rows = await asyncio.to_thread(
-                functools.partial(wq.list_waitless_blocked, self.engine, after=after, now=until)
-            )
-            marks = {r.work_id: r.key_hash for r in rows if r.key_hash in listed and r.dependency}
-            marked += await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
-            activity.heartbeat()
-            after = _page_after(rows)
-            if after is None:
-                break
-        return marked
 
     def wait_activities(self) -> list[Callable[..., Any]]:
         """The activities an IdentityWait runs (probe; wake and expire as local activities)."""

@@ -67,7 +67,7 @@ Designs:
   children right after its commit and signals their waits).
 * ``poll``: the seed's polled design over the same rows. In this process
   only, while the design runs: no IdentityWait is started or signalled
-  (``activities.identity`` ``start_wait`` / ``signal_wake`` are no-ops, the
+  (``activities.identity_client`` ``start_wait`` / ``signal_wake`` are no-ops, the
   notify's direct wake is off), the batch's post-commit wakes
   (``wake_linked`` / ``wake_resolved`` as the processor calls them) are
   off, and the fleet runs without identity recovery. This script scans
@@ -124,6 +124,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 import activities.identity as identity_acts
+import activities.identity_client as wait_client
 import nexuscrm.connectors.processor as processor_mod
 from bench.machine import machine
 from nexuscrm import catalog
@@ -439,7 +440,7 @@ class _Counting:
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
         real_resolve = identity_acts.IdentityActivities._resolve_bounded
-        real_start = identity_acts.start_wait
+        real_start = wait_client.start_wait
 
         def resolve(
             inner: identity_acts.IdentityActivities, dep: Dependency, timeout: float
@@ -453,12 +454,12 @@ class _Counting:
             await real_start(*args, **kw)
 
         identity_acts.IdentityActivities._resolve_bounded = resolve  # type: ignore[method-assign,assignment]
-        identity_acts.start_wait = start
+        wait_client.start_wait = start
         try:
             yield
         finally:
             identity_acts.IdentityActivities._resolve_bounded = real_resolve  # type: ignore[method-assign]
-            identity_acts.start_wait = real_start
+            wait_client.start_wait = real_start
 
 
 # -- designs -------------------------------------------------------------------
@@ -487,13 +488,13 @@ def poll_design() -> Iterator[None]:
         return blocked
 
     saved = (
-        identity_acts.start_wait,
-        identity_acts.signal_wake,
+        wait_client.start_wait,
+        wait_client.signal_wake,
         processor_mod.wake_linked,
         processor_mod.wake_resolved,
     )
-    identity_acts.start_wait = no_start
-    identity_acts.signal_wake = no_signal
+    wait_client.start_wait = no_start
+    wait_client.signal_wake = no_signal
     processor_mod.wake_linked = no_wake_linked
     processor_mod.wake_resolved = no_wake_resolved
     identity_acts.IdentityActivities.direct_wake = False
@@ -501,8 +502,8 @@ def poll_design() -> Iterator[None]:
         yield
     finally:
         (
-            identity_acts.start_wait,
-            identity_acts.signal_wake,
+            wait_client.start_wait,
+            wait_client.signal_wake,
             processor_mod.wake_linked,
             processor_mod.wake_resolved,
         ) = saved

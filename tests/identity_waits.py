@@ -20,7 +20,8 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 from activities.common import BatchLoad
-from activities.identity import IdentityActivities, start_wait
+from activities.identity import IdentityActivities
+from activities.identity_client import start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, wait_workflow_id

@@ -8,6 +8,7 @@ cutover receipt); the fleet runs the real activities against the database.
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, update
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
+from activities.fleet import PASS_HEARTBEAT_SLACK_S
 from nexuscrm import cutover
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.routes import list_connector_packs
@@ -46,6 +48,7 @@ from tests.builders import (
     invoke_async,
     wait_drained,
     webhook_route,
+    worker_process,
     write_connector_pack,
 )
 from tests.history import activity_types, periodic_outcomes
@@ -362,7 +365,7 @@ async def test_hand_typed_signals_without_input_never_fail_the_fleet_or_a_wait(
         assert [p.install_id for p in now.pools] == [p.install_id for p in before.pools]
 
         dep = Dependency.record("Account", "hand-typed")
-        from activities.identity import start_wait
+        from activities.identity_client import start_wait
         from nexuscrm.contracts import IdentityWaitConfig
 
         await start_wait(
@@ -492,3 +495,68 @@ async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_han
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED not in [
         e.event_type for e in (await fleet.fetch_history()).events
     ]
+
+
+async def test_a_pass_on_a_killed_worker_is_retried_after_its_interval_not_a_minute(
+    temporal_env, settings, tmp_path, monkeypatch
+):
+    """The pass's activity sends no heartbeat while it waits out the interval, so a
+    worker killed (SIGKILL) meanwhile is noticed by the heartbeat timeout: the interval
+    plus ``PASS_HEARTBEAT_SLACK_S``, not the minute of the first version. The pass then
+    runs on the next worker (its second attempt) and the fleet keeps its pool."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    await install(
+        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
+    )
+    client = temporal_env.client
+    inp = fast_fleet(settings)
+    inp.reconcile_interval_seconds = 3
+    proc = worker_process(settings, temporal_env)
+    try:
+        fleet = await start_fleet(client, settings, inp)
+        st = await wait_status(fleet, lambda s: len(s.pools) == 1)
+        for _ in range(150):  # a pass running on that process
+            desc = await fleet.describe()
+            if any(
+                p.activity_type.name == "connectors.periodic" and p.attempt == 1
+                for p in desc.raw_description.pending_activities
+            ):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("no periodic pass in flight on the worker process")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = asyncio.get_running_loop().time()
+        before = len(await periodic_outcomes(fleet))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    async with build_connector_worker(client, settings):
+        for _ in range(600):
+            if len(await periodic_outcomes(fleet)) > before:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no pass completed after the kill")
+        resumed_s = asyncio.get_running_loop().time() - killed
+        history = await fleet.fetch_history()
+        retried = [
+            e.activity_task_started_event_attributes
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+            and e.activity_task_started_event_attributes.attempt > 1
+        ]
+        assert retried, "the killed worker's pass was not retried"
+        timeout = retried[0].last_failure.timeout_failure_info.timeout_type
+        assert timeout == TimeoutType.TIMEOUT_TYPE_HEARTBEAT, retried[0].last_failure
+        bound = inp.reconcile_interval_seconds + PASS_HEARTBEAT_SLACK_S
+        # the timeout, then a workflow task and the pass on a worker of a loaded box
+        assert resumed_s < bound + 20, f"the pass resumed {resumed_s:.1f} s after the kill"
+        after = await fleet.query("status", result_type=FleetStatus)
+        assert [p.supervisor_workflow_id for p in after.pools] == [
+            p.supervisor_workflow_id for p in st.pools
+        ]
+        await fleet.signal("stop")
+        await fleet.result()

@@ -19,8 +19,9 @@ from sqlalchemy import Engine, select, text
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-import activities.identity as identity_acts
-from activities.identity import IdentityActivities, start_wait
+import activities.identity_client as wait_client
+from activities.identity import IdentityActivities
+from activities.identity_client import start_wait
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import FAILURE_CLASS_INVALID, Dependency, wait_workflow_id
 from nexuscrm.connectors.routes import list_connector_packs
@@ -183,7 +184,7 @@ async def test_two_lookups_converge_with_parents_late_in_either_order(
     async def lost(*_args: object) -> bool:
         return False
 
-    monkeypatch.setattr(identity_acts, "signal_wake", lost)
+    monkeypatch.setattr(wait_client, "signal_wake", lost)
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(SF_SYNC)])
     engine = make_engine(settings.database_url)

@@ -30,8 +30,8 @@ from activities.identity import (
     CLOSE_PAUSE_BUSY_S,
     PROBE_TIMED_OUT,
     IdentityActivities,
-    start_wait,
 )
+from activities.identity_client import start_wait
 from nexuscrm.clock import utcnow
 from nexuscrm.connectors import processor
 from nexuscrm.connectors import queue as wq

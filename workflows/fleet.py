@@ -42,7 +42,7 @@ from workflows.pack_supervisor import PackSupervisorWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.connectors import ConnectorActivities
-    from activities.fleet import FleetActivities
+    from activities.fleet import PASS_HEARTBEAT_SLACK_S, FleetActivities
     from activities.identity import IdentityActivities
     from nexuscrm.connectors.reconcile import (
         ACTION_KEEP,
@@ -428,7 +428,8 @@ class ConnectorFleetWorkflow:
                 ),
                 # the delay, then the recovery's bounds (paged, heartbeating) and the plan
                 start_to_close_timeout=timedelta(seconds=delay) + timedelta(minutes=11),
-                heartbeat_timeout=timedelta(seconds=delay + 60),
+                # a killed worker's pass is retried this long after its interval
+                heartbeat_timeout=timedelta(seconds=delay + PASS_HEARTBEAT_SLACK_S),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
         except ActivityError as err:  # the next pass tries again, after the interval
