@@ -4,7 +4,7 @@ Usage:
     python bench/bench_identity.py [--modes steady,bulk,parked] [--designs waits,poll]
         [--n 1000] [--parked-n 10000] [--rate 20] [--poll-seconds 5]
         [--idle 60] [--idle-after 70] [--settle 20] [--watch-ms 20] [--phase-timeout 900]
-        [--backends sqlite,mysql] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
+        [--repeat 1] [--backends sqlite,mysql] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
         [--out bench/results/identity.json]
 
 One local Temporal dev server (in-memory) for the whole run. For every backend
@@ -54,6 +54,13 @@ Modes:
   were enqueued; then all N parents enqueued at once: the seconds until all
   N children succeeded (counted in the database) and how many are left
   ``blocked``.
+
+``--repeat N`` runs each mode and design N times in a row, each on a fresh
+database (a *series*, for "none left behind, ten runs in a row"): the results
+file keeps the first run in full and every run's headline figures under
+``series`` (park, wake all, left blocked, idle CPU), and the verdict
+``parked_series_all_woken_in_time`` holds when every run woke all within the
+target and left none blocked.
 
 Every mode also counts, at its end, the children left ``blocked`` whose
 parent's link exists (``left_blocked_linked``): a lost wake, a runtime bug;
@@ -872,6 +879,54 @@ async def fresh_database(
         admin.dispose()
 
 
+async def timed_run(
+    env: WorkflowEnvironment,
+    args: argparse.Namespace,
+    backend: str,
+    mode: str,
+    design: str,
+    tmp: str,
+    result: dict[str, Any],
+) -> dict[str, Any]:
+    """One run of ``mode`` / ``design`` on a fresh database of ``backend``; a failure
+    is recorded as ``error`` (the other runs go on); ``run_s``: its wall time."""
+    async with fresh_database(backend, args.mysql_url, tmp) as (url, version):
+        if version:
+            result["machine"]["database"] = version
+        began = time.perf_counter()
+        try:
+            r = await one_run(env, args, backend, url, mode, design)
+        except Exception as exc:  # recorded; the other runs go on
+            r = {"n": mode_n(args, mode), "error": f"{type(exc).__name__}: {exc}"}
+    r["run_s"] = round(time.perf_counter() - began, 1)
+    return r
+
+
+SERIES_FIGURES = ("park_s", "wake_all_s", "all_done_s", "left_blocked", "left_blocked_linked")
+"""The figures of each run of a ``--repeat`` series kept in the results file."""
+
+
+def series_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """One run of a series: its headline figures (and its error, if it failed)."""
+    out = {k: r[k] for k in (*SERIES_FIGURES, "error", "run_s") if k in r}
+    if isinstance(r.get("idle"), dict):
+        out["idle_worker_cpu_pct"] = r["idle"].get("worker_cpu_pct")
+        out["idle_server_cpu_pct"] = r["idle"].get("server_cpu_pct")
+    return out
+
+
+def describe_series(series: list[dict[str, Any]]) -> str:
+    """One line over a series: runs, failures, the worst wake and what was left behind."""
+    wakes = [x["wake_all_s"] for x in series if x.get("wake_all_s") is not None]
+    failed = sum(1 for x in series if "error" in x or x.get("wake_all_s", 0) is None)
+    left = sum(int(x.get("left_blocked") or 0) for x in series)
+    worst = f"{max(wakes):.1f} s" if wakes else "n/a"
+    return (
+        f"  series of {len(series)}: {failed} failed or incomplete, wake all worst {worst}, "
+        f"left blocked {left} in all"
+    )
+
+
 # -- report --------------------------------------------------------------------
 
 
@@ -932,6 +987,13 @@ def verdicts(runs: dict[str, dict[str, Any]]) -> dict[str, bool]:
         out["parked_all_woken_in_time"] = (
             wake is not None and wake < TARGETS["parked_wake_all_s"] and parked["left_blocked"] == 0
         )
+        if parked.get("series"):  # --repeat: every run of the series
+            out["parked_series_all_woken_in_time"] = all(
+                x.get("wake_all_s") is not None
+                and x["wake_all_s"] < TARGETS["parked_wake_all_s"]
+                and x.get("left_blocked") == 0
+                for x in parked["series"]
+            )
     return out
 
 
@@ -1053,6 +1115,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=20.0,
         help="waits design: seconds to wait for the woken waits to complete at the end",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each mode and design in a row, each on a fresh database (a series)",
+    )
     parser.add_argument("--backends", default=None, help="sqlite,mysql (mysql needs --mysql-url)")
     parser.add_argument("--mysql-url")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -1072,8 +1140,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         or args.rate <= 0
         or args.poll_seconds <= 0
         or args.watch_ms <= 0
+        or args.repeat < 1
     ):
-        parser.error("--n, --parked-n, --rate, --poll-seconds and --watch-ms must be positive")
+        parser.error(
+            "--n, --parked-n, --rate, --poll-seconds, --watch-ms and --repeat must be positive"
+        )
     return args
 
 
@@ -1088,6 +1159,7 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
         "idle": args.idle,
         "idle_after": args.idle_after,
         "settle": args.settle,
+        "repeat": args.repeat,
         "modes": args.modes,
         "designs": args.designs,
     }
@@ -1107,17 +1179,16 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
             runs: dict[str, dict[str, Any]] = {}
             for mode in args.modes:
                 for design in args.designs:
-                    async with fresh_database(backend, args.mysql_url, tmp) as (url, version):
-                        if version:
-                            result["machine"]["database"] = version
-                        began = time.perf_counter()
-                        try:
-                            r = await one_run(env, args, backend, url, mode, design)
-                        except Exception as exc:  # recorded; the other runs go on
-                            r = {"n": mode_n(args, mode), "error": f"{type(exc).__name__}: {exc}"}
-                    r["run_s"] = round(time.perf_counter() - began, 1)
+                    series: list[dict[str, Any]] = []
+                    for _ in range(args.repeat):
+                        r = await timed_run(env, args, backend, mode, design, tmp, result)
+                        series.append(r)
+                        print(describe(backend, mode, design, r), flush=True)
+                    r = series[0]
+                    if args.repeat > 1:
+                        r["series"] = [series_entry(x) for x in series]
+                        print(describe_series(r["series"]), flush=True)
                     runs.setdefault(mode, {})[design] = r
-                    print(describe(backend, mode, design, r), flush=True)
                     if r.get("waits_running_at_done"):
                         print(
                             f"  {r['waits_running_at_done']} IdentityWait workflows ran when the "

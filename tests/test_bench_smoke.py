@@ -212,6 +212,30 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
     assert previous["figures"][key] == [before, before, 0.0]
 
 
+async def test_identity_bench_series_smoke(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """``--repeat``: the parked mode runs that many times in a row, each on a fresh
+    database; every run is kept in the series and the series has its own verdict."""
+    bench = _bench("bench_identity")
+    out = tmp_path / "series.json"
+    argv = [
+        "--parked-n", "5", "--modes", "parked", "--designs", "waits", "--idle", "0.5",
+        "--idle-after", "0", "--settle", "5", "--repeat", "2", "--out", str(out),
+    ]  # fmt: skip
+    result = await bench.run(temporal_env, bench.parse_args(argv))
+    run = result["backends"]["sqlite"]["parked"]["waits"]
+    assert len(run["series"]) == 2 and result["settings"]["repeat"] == 2
+    for entry in run["series"]:
+        assert "error" not in entry, entry
+        assert entry["wake_all_s"] > 0 and entry["left_blocked"] == 0, entry
+        assert entry["idle_server_cpu_pct"] is not None
+    assert result["verdicts"]["sqlite"]["parked_series_all_woken_in_time"] is True
+    assert json.loads(out.read_text())["backends"]["sqlite"]["parked"]["waits"]["series"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--repeat", "0"])
+
+
 def test_claim_depth_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     """The claim-at-depth bench on MariaDB at a tiny depth: claims timed, EXPLAIN printed,
     its database dropped."""
