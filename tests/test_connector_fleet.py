@@ -475,13 +475,25 @@ async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_han
     async with build_connector_worker(client, settings):
         # the skipped pass, the rest of its interval as a timer, then a pass here
         ran = len([o for o in await periodic_outcomes(fleet) if not o.skipped])
-        for _ in range(300):
+        # bound: the timer, a pass's interval, a pass lost in the shutdown (retried
+        # after its heartbeat timeout, interval + 15 s), a dead sticky queue's 10 s
+        deadline = asyncio.get_running_loop().time() + 4 * inp.reconcile_interval_seconds + 30
+        while True:
             outcomes = await periodic_outcomes(fleet)
             if len([o for o in outcomes if not o.skipped]) > ran:
                 break
+            if asyncio.get_running_loop().time() > deadline:
+                desc = (await fleet.describe()).raw_description
+                pending = [
+                    (a.activity_type.name, a.attempt, a.last_failure.message)
+                    for a in desc.pending_activities
+                ]
+                kinds = [EventType.Name(e.event_type) for e in (await fleet.fetch_history()).events]
+                raise AssertionError(
+                    f"no pass ran on the next worker: {outcomes}; pending {pending}; "
+                    f"last events {kinds[-10:]}"
+                )
             await asyncio.sleep(0.2)
-        else:
-            raise AssertionError(f"no pass ran on the next worker: {outcomes}")
         # the pass the worker's shutdown cut short (and the one the request cancelled,
         # which kept waiting in that worker: a cancel reaches it only at a heartbeat)
         assert [o.skipped for o in outcomes].count(True) in (1, 2)

@@ -23,8 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import TimeoutType
-from temporalio.client import WorkflowHistory
+from temporalio.api.enums.v1 import (
+    EventType,
+    PendingActivityState,
+    PendingWorkflowTaskState,
+    TimeoutType,
+)
+from temporalio.client import WorkflowHandle, WorkflowHistory
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput
@@ -59,6 +64,37 @@ def sticky_handoffs(history: WorkflowHistory) -> list[float]:
                 since = scheduled[attrs.scheduled_event_id]
                 waits.append((ev.event_time.ToDatetime() - since).total_seconds())
     return waits
+
+
+RUN_BUDGET_S = 420
+"""The whole interrupted run's bound (~40-110 s here, loaded or not): past it the test
+fails with what the workflow waits on, before pytest's 600 s timeout hides it."""
+
+
+async def stuck(handle: WorkflowHandle[Any, Any], proc: subprocess.Popen[bytes], log: Path) -> str:
+    """What a run past :data:`RUN_BUDGET_S` waits on, from the server: pending
+    activities (type, attempt, state, last failure), the pending workflow task's
+    attempt, the history's last events, the worker's state and the phases killed."""
+    desc = (await handle.describe()).raw_description
+    acts = [
+        f"{a.activity_type.name} attempt={a.attempt} state={PendingActivityState.Name(a.state)} "
+        f"failure={a.last_failure.message[:120]!r}"
+        for a in desc.pending_activities
+    ]
+    task = desc.pending_workflow_task
+    events = (await handle.fetch_history()).events
+    tail = [
+        f"{e.event_id}:{EventType.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
+        for e in events[-12:]
+    ]
+    killed = log.read_text().split() if log.exists() else []
+    return (
+        f"ApplyAll not done in {RUN_BUDGET_S} s: worker "
+        f"{'alive' if proc.poll() is None else f'exited {proc.returncode}'}, "
+        f"pending activities {acts}, workflow task attempt {task.attempt} "
+        f"state {PendingWorkflowTaskState.Name(task.state)}, "
+        f"{len(events)} events, last {tail}, killed after {killed}"
+    )
 
 
 def crashing_worker(
@@ -101,13 +137,15 @@ async def test_worker_killed_after_every_apply_all_phase_in_turn(
         desc = await handle.describe()
         task_timeout = desc.raw_description.execution_config.default_workflow_task_timeout
         assert task_timeout.ToTimedelta() == timedelta(seconds=2), task_timeout
+        deadline = asyncio.get_running_loop().time() + RUN_BUDGET_S
         while True:
-            for _ in range(1200):
-                if proc.poll() is not None:
-                    break
+            # until this worker is killed or the workflow ends
+            while proc.poll() is None:
                 desc = await handle.describe()
                 if desc.status is not None and desc.status.name != "RUNNING":
                     break
+                if asyncio.get_running_loop().time() > deadline:
+                    raise AssertionError(await stuck(handle, proc, log))
                 await asyncio.sleep(0.05)
             if proc.poll() is None:
                 break  # the workflow ended with this worker alive
