@@ -7,7 +7,10 @@ Usage:
         [--repeat 1] [--backends sqlite,mysql] [--mysql-url mysql+pymysql://root@127.0.0.1:3306/nexus_test]
         [--out bench/results/identity.json]
 
-One local Temporal dev server (in-memory) for the whole run. For every backend
+A fresh local Temporal dev server (in-memory) for each run: a run of a series
+does not pay for the executions an earlier run left in the server's memory
+(one shared server grew ~550 MiB a run of 10,000 waits and its idle CPU
+2 -> 5 -> 8 %); each run records the server it ran on. For every backend
 (SQLite; MariaDB/MySQL with ``--mysql-url``), mode and design: a fresh
 database, ApplyAll of the salesforce-sync pack, the connector worker in this
 process and the ConnectorFleet (``FleetInput`` defaults: 5 s worker idle
@@ -114,6 +117,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -908,7 +912,7 @@ SERIES_FIGURES = ("park_s", "wake_all_s", "all_done_s", "left_blocked", "left_bl
 
 def series_entry(r: dict[str, Any]) -> dict[str, Any]:
     """One run of a series: its headline figures (and its error, if it failed)."""
-    out = {k: r[k] for k in (*SERIES_FIGURES, "error", "run_s") if k in r}
+    out = {k: r[k] for k in (*SERIES_FIGURES, "error", "run_s", "server") if k in r}
     if isinstance(r.get("idle"), dict):
         out["idle_worker_cpu_pct"] = r["idle"].get("worker_cpu_pct")
         out["idle_server_cpu_pct"] = r["idle"].get("server_cpu_pct")
@@ -1148,8 +1152,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, Any]:
-    """Every backend, mode and design on ``env``; prints, writes and returns the JSON."""
+ServerFactory = Callable[[argparse.Namespace], AbstractAsyncContextManager[WorkflowEnvironment]]
+"""Starts (and on exit stops) the Temporal server of one run: :func:`dev_server`."""
+
+
+@contextlib.asynccontextmanager
+async def dev_server(args: argparse.Namespace) -> AsyncIterator[WorkflowEnvironment]:
+    """A fresh local dev server (in memory, the project's search attributes) with a
+    Prometheus port, whose ``/metrics`` URL is set as ``args.server_metrics_url``
+    for the idle window's request counters; shut down on exit."""
+    metrics_port = free_port()
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+        dev_server_extra_args=["--metrics-port", str(metrics_port)],
+    )
+    args.server_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+async def run(
+    env: WorkflowEnvironment | None,
+    args: argparse.Namespace,
+    fresh_server: ServerFactory | None = None,
+) -> dict[str, Any]:
+    """Every backend, mode and design; prints, writes and returns the JSON.
+
+    Each run on ``env``, or, with ``fresh_server`` (:func:`dev_server`), on a
+    server of its own started for it and stopped after it; each run's
+    ``server`` is the address it ran on. Raises ``ValueError`` when given
+    neither."""
+    if env is None and fresh_server is None:
+        raise ValueError("run needs a Temporal environment or a server factory")
     settings = {
         "n": args.n,
         "parked_n": args.parked_n,
@@ -1181,7 +1219,14 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
                 for design in args.designs:
                     series: list[dict[str, Any]] = []
                     for _ in range(args.repeat):
-                        r = await timed_run(env, args, backend, mode, design, tmp, result)
+                        if fresh_server is not None:
+                            async with fresh_server(args) as own:
+                                r = await timed_run(own, args, backend, mode, design, tmp, result)
+                                r["server"] = own.client.service_client.config.target_host
+                        else:
+                            assert env is not None
+                            r = await timed_run(env, args, backend, mode, design, tmp, result)
+                            r["server"] = env.client.service_client.config.target_host
                         series.append(r)
                         print(describe(backend, mode, design, r), flush=True)
                     r = series[0]
@@ -1215,21 +1260,10 @@ async def run(env: WorkflowEnvironment, args: argparse.Namespace) -> dict[str, A
 
 
 async def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Start a local dev server, :func:`run`, stop it."""
+    """:func:`run`, each run on a fresh local dev server (:func:`dev_server`)."""
     args = parse_args(argv)
     configure_logging("json", "ERROR")
-    metrics_port = free_port()
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        search_attributes=SEARCH_ATTRIBUTES,
-        dev_server_log_level="error",
-        dev_server_extra_args=["--metrics-port", str(metrics_port)],
-    )
-    args.server_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    try:
-        return await run(env, args)
-    finally:
-        await env.shutdown()
+    return await run(None, args, fresh_server=dev_server)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -212,24 +213,31 @@ async def test_identity_bench_smoke(temporal_env: WorkflowEnvironment, tmp_path:
     assert previous["figures"][key] == [before, before, 0.0]
 
 
-async def test_identity_bench_series_smoke(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
-) -> None:
+async def test_identity_bench_series_smoke(tmp_path: Path) -> None:
     """``--repeat``: the parked mode runs that many times in a row, each on a fresh
-    database; every run is kept in the series and the series has its own verdict."""
+    database and a fresh dev server (as ``main`` runs it: no run pays for an earlier
+    run's executions); every run is kept in the series and the series has its own
+    verdict."""
     bench = _bench("bench_identity")
     out = tmp_path / "series.json"
     argv = [
         "--parked-n", "5", "--modes", "parked", "--designs", "waits", "--idle", "0.5",
         "--idle-after", "0", "--settle", "5", "--repeat", "2", "--out", str(out),
     ]  # fmt: skip
-    result = await bench.run(temporal_env, bench.parse_args(argv))
+    result = await bench.run(None, bench.parse_args(argv), fresh_server=bench.dev_server)
     run = result["backends"]["sqlite"]["parked"]["waits"]
     assert len(run["series"]) == 2 and result["settings"]["repeat"] == 2
     for entry in run["series"]:
         assert "error" not in entry, entry
         assert entry["wake_all_s"] > 0 and entry["left_blocked"] == 0, entry
         assert entry["idle_server_cpu_pct"] is not None
+    servers = [entry["server"] for entry in run["series"]]
+    assert len(set(servers)) == 2, servers
+    # each server was stopped with its run: nothing listens there any more
+    for server in servers:
+        host, port = server.rsplit(":", 1)
+        with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
+            pass
     assert result["verdicts"]["sqlite"]["parked_series_all_woken_in_time"] is True
     assert json.loads(out.read_text())["backends"]["sqlite"]["parked"]["waits"]["series"]
     with pytest.raises(SystemExit):

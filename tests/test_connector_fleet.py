@@ -488,10 +488,10 @@ async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_han
                     (a.activity_type.name, a.attempt, a.last_failure.message)
                     for a in desc.pending_activities
                 ]
-                kinds = [EventType.Name(e.event_type) for e in (await fleet.fetch_history()).events]
+                names = [EventType.Name(e.event_type) for e in (await fleet.fetch_history()).events]
                 raise AssertionError(
                     f"no pass ran on the next worker: {outcomes}; pending {pending}; "
-                    f"last events {kinds[-10:]}"
+                    f"last events {names[-10:]}"
                 )
             await asyncio.sleep(0.2)
         # the pass the worker's shutdown cut short (and the one the request cancelled,
