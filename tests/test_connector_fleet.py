@@ -36,6 +36,7 @@ from nexuscrm.contracts import (
 from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
@@ -426,6 +427,29 @@ async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
         await second.result()
 
 
+async def running_supervisors(client: Client, settings: Settings) -> list[str]:
+    """The database's running PackSupervisor workflows, from the server's list."""
+    query = (
+        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
+        f"AND WorkflowId STARTS_WITH 'connector/{settings.database_id}/'"
+    )
+    return sorted([wf.id async for wf in client.list_workflows(query)])
+
+
+@pytest.fixture
+async def cred_pack_fleet(
+    temporal_env: Any, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, FleetInput]:
+    """``cred-pack`` installed (one profile, its credential set) and fast fleet timings
+    for it: the connector settings and the fleet's input."""
+    settings = connector_settings(settings)
+    monkeypatch.setenv(CRED, "s3cret")
+    await install(
+        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
+    )
+    return settings, fast_fleet(settings)
+
+
 async def pending_activity_types(fleet: WorkflowHandle[Any, Any]) -> list[str]:
     """The fleet's activities in flight, from the server's describe."""
     desc = await fleet.describe()
@@ -433,19 +457,14 @@ async def pending_activity_types(fleet: WorkflowHandle[Any, Any]) -> list[str]:
 
 
 async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_hands_it_on(
-    temporal_env, settings, tmp_path, monkeypatch
+    temporal_env, cred_pack_fleet
 ):
     """Patch fleet-periodic-pass: the pass waits out the interval inside its activity (no
     timer in the fleet's history); a request cancels it at once; a worker that shuts down
     meanwhile ends it at once (``skipped``) instead of holding its shutdown for the
     interval, and the next pass runs on the next worker."""
-    settings = connector_settings(settings)
-    monkeypatch.setenv(CRED, "s3cret")
-    await install(
-        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
-    )
+    settings, inp = cred_pack_fleet
     client = temporal_env.client
-    inp = fast_fleet(settings)
     inp.reconcile_interval_seconds = 15
 
     async def pass_in_flight() -> None:
@@ -510,19 +529,15 @@ async def test_the_periodic_pass_waits_in_its_activity_and_a_stopping_worker_han
 
 
 async def test_a_pass_on_a_killed_worker_is_retried_after_its_interval_not_a_minute(
-    temporal_env, settings, tmp_path, monkeypatch
+    temporal_env, cred_pack_fleet
 ):
     """The pass's activity sends no heartbeat while it waits out the interval, so a
     worker killed (SIGKILL) meanwhile is noticed by the heartbeat timeout: the interval
     plus ``PASS_HEARTBEAT_SLACK_S``, not the minute of the first version. The pass then
-    runs on the next worker (its second attempt) and the fleet keeps its pool."""
-    settings = connector_settings(settings)
-    monkeypatch.setenv(CRED, "s3cret")
-    await install(
-        temporal_env, settings, [write_pack(tmp_path / "p.yaml", "cred-pack", [profile()])]
-    )
+    runs on the next worker (its second attempt) and the fleet keeps its pool: the
+    server still runs that one supervisor and no other."""
+    settings, inp = cred_pack_fleet
     client = temporal_env.client
-    inp = fast_fleet(settings)
     inp.reconcile_interval_seconds = 3
     proc = worker_process(settings, temporal_env)
     try:
@@ -566,8 +581,7 @@ async def test_a_pass_on_a_killed_worker_is_retried_after_its_interval_not_a_min
         bound = inp.reconcile_interval_seconds + PASS_HEARTBEAT_SLACK_S
         # the timeout, then a workflow task and the pass on a worker of a loaded box
         assert resumed_s < bound + 20, f"the pass resumed {resumed_s:.1f} s after the kill"
-        after = await fleet.query("status", result_type=FleetStatus)
-        assert [p.supervisor_workflow_id for p in after.pools] == [
+        assert await running_supervisors(client, settings) == [
             p.supervisor_workflow_id for p in st.pools
         ]
         await fleet.signal("stop")

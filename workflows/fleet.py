@@ -158,7 +158,7 @@ class ConnectorFleetWorkflow:
         self.v2 = False
         self.backlog_wake = False
         self.periodic_pass = False
-        self.pass_in_flight = False  # a periodic pass's activity runs (fleet-periodic-pass)
+        self.cancellable = False  # a periodic pass or its interval timer runs: a request cancels it
         self.lifecycle_changes = 0  # prunes so far: a pass planned before one is not applied
 
     @workflow.signal
@@ -298,10 +298,19 @@ class ConnectorFleetWorkflow:
         except ActivityError as err:  # the next reconcile checks again
             workflow.logger.warning("pool liveness check failed: %s", err)
             return
-        for wf_id in closed:
-            key = ids[wf_id]
-            workflow.logger.warning("pool %s closed; rebuilding", wf_id)
-            self.running.pop(key, None)
+        self._forget_closed({k: wf_id for wf_id, k in ids.items()}, closed)
+
+    def _forget_closed(self, keys: dict[str, str], closed: list[str]) -> None:
+        """Forget the pools whose supervisor is in ``closed`` (the liveness check's
+        answer), so that the plan starts them again; ``keys``: pack key -> the
+        supervisor workflow id the check asked about. A key whose pool was
+        replaced meanwhile (another supervisor id) is kept."""
+        gone = set(closed)
+        for key, wf_id in keys.items():
+            pool = self.running.get(key)
+            if wf_id in gone and pool is not None and pool.supervisor_workflow_id == wf_id:
+                workflow.logger.warning("pool %s closed; rebuilding", wf_id)
+                self.running.pop(key, None)
 
     async def _stop_pool(self, key: str) -> None:
         pack = self.running.pop(key, None)
@@ -414,7 +423,7 @@ class ConnectorFleetWorkflow:
         lifecycle = self.lifecycle_changes
         keys = {k: p.supervisor_workflow_id for k, p in self.running.items()}
         delay = max(0.0, self.inp.reconcile_interval_seconds)
-        self.pass_in_flight = True
+        self.cancellable = True
         try:
             out = await workflow.execute_activity_method(
                 FleetActivities.periodic,
@@ -440,7 +449,7 @@ class ConnectorFleetWorkflow:
             await self._interval(delay)
             return
         finally:
-            self.pass_in_flight = False
+            self.cancellable = False
         if out.skipped:  # its worker shut down: the rest of the interval as a timer
             await self._interval(delay)
             return
@@ -450,30 +459,26 @@ class ConnectorFleetWorkflow:
             workflow.logger.info("periodic reconcile skipped: lifecycle busy")
             return
         async with self.lock:
-            self.blocked = {}  # every kind of reconcile clears the blocked map (seed)
-            self.degraded = {}
-            closed = set(out.closed)
-            for key, wf_id in keys.items():
-                if wf_id in closed and self.running.get(key) is not None:
-                    workflow.logger.warning("pool %s closed; rebuilding", wf_id)
-                    self.running.pop(key, None)
+            self._forget_closed(keys, out.closed)
             if out.replan:
                 # The pass's plan starts a pool: it took no claim fence (it could
                 # have been discarded). Plan again with fences, under the lock,
                 # and apply that plan (a request now waits for it, as before).
-                await self._reconcile(MODE_PERIODIC)
+                await self._reconcile(MODE_PERIODIC)  # clears the blocked map too
                 return
+            self.blocked = {}  # every kind of reconcile clears the blocked map (seed)
+            self.degraded = {}
             await self._apply(out.plan, startup=False)
 
     async def _interval(self, seconds: float) -> None:
         """The reconcile interval as a timer, when a periodic pass could not wait it out
         (it failed, or its worker shut down): the next pass does not start at once. A
         request or a stop cuts it short (the run loop cancels it)."""
-        self.pass_in_flight = True
+        self.cancellable = True
         try:
             await workflow.sleep(timedelta(seconds=seconds))
         finally:
-            self.pass_in_flight = False
+            self.cancellable = False
 
     async def _apply(self, out: ReconcileOutcome, startup: bool) -> None:
         """Apply one typed plan; raises ``ApplicationError`` when startup fails."""
@@ -547,7 +552,7 @@ class ConnectorFleetWorkflow:
     def _done_or_stopping(self, task: asyncio.Future[None]) -> Callable[[], bool]:
         # a periodic pass's activity (mostly its interval) gives way to a request too
         return lambda: (
-            task.done() or self.stopping or (self.pass_in_flight and self.requested is not None)
+            task.done() or self.stopping or (self.cancellable and self.requested is not None)
         )
 
     async def _cycle(self, mode: str) -> None:
@@ -606,7 +611,7 @@ class ConnectorFleetWorkflow:
             self.requested = None
             task = asyncio.ensure_future(self._cycle(mode))
             await workflow.wait_condition(self._done_or_stopping(task))
-            if not task.done() and self.pass_in_flight:
+            if not task.done() and self.cancellable:
                 # A request or a stop while a periodic pass's activity runs: cancel
                 # it (its plan is not applied; the activity's work is idempotent).
                 task.cancel()
