@@ -9,6 +9,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from .ddl import speak_install_collation
 from .sqlfuncs import install_sqlite_functions
 
 SQLITE_BUSY_TIMEOUT_MS = 30000
@@ -30,7 +31,9 @@ def make_engine(
     keys, and a 30 s busy timeout so a worker and the CLI can share the file.
     MySQL/MariaDB/TiDB: ``mysql+pymysql://`` (a bare ``mysql://`` is upgraded to
     PyMySQL), ``pool_pre_ping`` so a connection dropped by a proxy or a TiDB
-    DDL is replaced instead of failing the phase.
+    DDL is replaced instead of failing the phase; each connection speaks the
+    install's collation and tables are created with it
+    (:func:`nexuscrm.db.ddl.speak_install_collation`).
 
     Raises ``ValueError`` for a backend other than sqlite or mysql.
     """
@@ -62,9 +65,15 @@ def make_engine(
         query = dict(u.query)
         query.setdefault("charset", "utf8mb4")
         u = u.set(query=query)
-        return create_engine(
+        engine = create_engine(
             u, pool_pre_ping=True, pool_recycle=3600, **_pool_args(pool_size, max_overflow)
         )
+
+        @event.listens_for(engine, "connect")
+        def _install_collation(dbapi_conn: Any, _record: Any) -> None:
+            speak_install_collation(dbapi_conn, engine.dialect)
+
+        return engine
     raise ValueError(
         f"database URL {u.render_as_string(hide_password=True)!r}: backend {backend!r} is not "
         "supported (use sqlite:///path or mysql+pymysql://user@host:port/db)"

@@ -35,10 +35,15 @@ SESSION_USER_FUNCTION = "nx_session_user"
 SESSION_USER_VARIABLE = "nexus_user_id"
 """The MariaDB/MySQL user variable ``nx_session_user()`` returns (``@nexus_user_id``)."""
 
-_CREATE_MYSQL = (
-    f"CREATE FUNCTION {SESSION_USER_FUNCTION}() RETURNS VARCHAR(255) CHARSET utf8mb4 "
-    f"NOT DETERMINISTIC NO SQL SQL SECURITY INVOKER RETURN @{SESSION_USER_VARIABLE}"
-)
+
+def _create_mysql(collation: str) -> str:
+    """The function returns text of the connection's (the install's) collation, so
+    that a view comparing a column with it mixes no collations."""
+    return (
+        f"CREATE FUNCTION {SESSION_USER_FUNCTION}() RETURNS VARCHAR(255) CHARSET utf8mb4 "
+        f"COLLATE {collation} NOT DETERMINISTIC NO SQL SQL SECURITY INVOKER "
+        f"RETURN @{SESSION_USER_VARIABLE}"
+    )
 
 
 def session_user_available(conn: Connection) -> bool:
@@ -73,7 +78,8 @@ def ensure_session_user_function(engine: Engine) -> bool:
         if session_user_available(conn):
             return True
         try:
-            conn.execute(sa.text(_CREATE_MYSQL))
+            collation = conn.execute(sa.text("SELECT @@collation_connection")).scalar_one()
+            conn.execute(sa.text(_create_mysql(collation)))
             conn.commit()
         except sa.exc.DBAPIError as exc:
             # Another process may have created it meanwhile.

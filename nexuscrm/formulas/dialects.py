@@ -404,7 +404,12 @@ class MysqlOps(DialectOps):
         magnitude = sa.func.floor(sa.func.log10(sa.func.abs(x)))
         decimals = sa.func.least(int_lit(30), sa.func.greatest(int_lit(0), int_lit(14) - magnitude))
         rounded = sa.func.round(sa.cast(x, sa.Numeric(65, 30)), decimals)
-        s = sa.cast(sa.case((x == int_lit(0), int_lit(0)), else_=rounded), sa.CHAR())
+        # CONCAT(n), not CAST(n AS CHAR): MariaDB stores a view's CAST AS CHAR as
+        # ``cast(.. as char charset utf8mb4)``, which reads back in utf8mb4's default
+        # collation (general_ci), not the install's, and mixes with the columns beside
+        # it (1267/1270 on a ``unicode_ci`` database). CONCAT keeps the view's
+        # connection collation as a coercible value, which the columns' collation wins.
+        s = sa.func.concat(sa.case((x == int_lit(0), int_lit(0)), else_=rounded))
         return sa.case(
             (sa.func.locate(str_lit("."), s) > int_lit(0), _TrimTrailingDot(_TrimTrailingZeros(s))),
             else_=s,
