@@ -1208,3 +1208,52 @@ def test_native_validation_errors_are_problems_one_per_key(tmp_path: Path) -> No
     ], exc.value.problems
     assert all(p.file == str(path) for p in exc.value.problems)
     assert len(str(exc.value)) < 2_000  # a 100,000-character value is not echoed whole
+
+
+NATIVE_MISTAKES: dict[str, tuple[str, str]] = {
+    # mistake -> (the field's YAML, what the report must say); each kind of check once
+    "precision": ("{api_name: Amount__c, type: Number, precision: 40, scale: 2}", "equal to 18"),
+    "no reference": ("{api_name: Ref__c, type: Lookup}", "field Ref__c: Lookup needs reference_to"),
+    "text length": ("{api_name: Big__c, type: LongTextArea, length: 999999}", "131072"),
+    "twice": ("{api_name: Amount__c, type: Text, length: 10}", "field Amount__c is declared twice"),
+    "system column": ("{api_name: Id, type: Text, length: 10}", "field Id collides with a system"),
+    "summary": ("{api_name: Sum__c, type: Summary}", "Summary needs a summary definition"),
+    "formula on a lookup": (
+        '{api_name: F__c, type: Lookup, formula: "1"}',
+        "field F__c: a Lookup field cannot be a formula",
+    ),
+    "its reference too": ('{api_name: F2__c, type: Lookup, formula: "1"}', "F2__c: Lookup needs"),
+    "bad type": ("{api_name: X__c, type: Nope}", "Input should be 'Text'"),
+    "checkbox default": ("{api_name: C__c, type: Checkbox, default_value: maybe}", "'maybe'"),
+    "empty formula": ('{api_name: E__c, type: Number, formula: " "}', "formula is empty"),
+}
+
+
+def test_a_native_manifest_reports_every_mistake_at_once(tmp_path: Path) -> None:
+    """A fresh user's 12 mistakes took 5 rounds: pydantic checks a whole field,
+    object or pack only once all its parts are valid, and each such check stopped
+    at its first problem. Every mistake of each kind (field values, a field's
+    shape, names twice or of a system column, objects twice) is reported in one
+    load, each with its element and line; the precision bound is stated once (18)."""
+    fields = "\n".join(f"      - {yaml_}" for yaml_, _ in NATIVE_MISTAKES.values())
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "name: bad-pack\ncategory: AppPack\ndepends_on: [platform-core]\nobjects:\n"
+        f"  - api_name: Thing__c\n    fields:\n{fields}\n"
+        "  - api_name: thing__c\n    fields:\n      - {api_name: Ok__c, type: Text, length: 5}\n"
+    )
+    with pytest.raises(PackProblems) as info:
+        load_native(path)
+    report = [f"{p.element}: {p.message}" for p in info.value.problems]
+    missing = [k for k, (_, said) in NATIVE_MISTAKES.items() if not any(said in r for r in report)]
+    assert not missing, (missing, report)
+    assert any("object thing__c is declared twice" in r for r in report), report
+    assert all(re.search(r"\(line \d+\)$", r) for r in report), report
+    assert len(report) == len(set(report)), report  # nothing said twice
+    assert not any("38" in r for r in report), report
+    # the same file, each mistake fixed in turn, is accepted
+    path.write_text(
+        "name: bad-pack\ncategory: AppPack\ndepends_on: [platform-core]\nobjects:\n"
+        "  - api_name: Thing__c\n    fields:\n      - {api_name: Ok__c, type: Text, length: 5}\n"
+    )
+    assert load_native(path).objects[0].api_name == "Thing__c"

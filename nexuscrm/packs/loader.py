@@ -31,7 +31,12 @@ from nexuscrm.inputs import (
     strict_json_loads,
     unstorable_value,
 )
-from nexuscrm.packs.model import PackManifest
+from nexuscrm.packs.model import (
+    PackManifest,
+    field_name_problems,
+    field_shape_problems,
+    object_name_problems,
+)
 
 NATIVE_SUFFIXES = (".yaml", ".yml", ".json")
 # File names that make a directory a native pack, in order of preference.
@@ -305,7 +310,60 @@ def load_native(path: Path) -> PackManifest:
         return PackManifest.model_validate({**data, "source": resolved})
     except ValidationError as exc:
         root = None if path.suffix.lower() == ".json" else _compose(path)
-        raise PackProblems(str(path), validation_problems(str(path), exc, data, root)) from exc
+        problems = validation_problems(str(path), exc, data, root)
+        raise PackProblems(
+            str(path), problems + _held_back(str(path), data, root, problems)
+        ) from exc
+
+
+def _named(items: Any) -> list[tuple[int, str, dict[str, Any]]]:
+    """``(index, api_name, item)`` of the raw list's mappings with a text ``api_name``."""
+    if not isinstance(items, list):
+        return []
+    return [
+        (i, x["api_name"], x)
+        for i, x in enumerate(items)
+        if isinstance(x, dict) and isinstance(x.get("api_name"), str)
+    ]
+
+
+def _held_back(
+    file: str, data: dict[str, Any], root: yaml.Node | None, found: list[Problem]
+) -> list[Problem]:
+    """The problems pydantic holds back while others stand, from the raw document:
+    its checks of a whole object, field or pack run only once every part of it is
+    valid, so that 12 mistakes took 5 rounds of fixing. Each is reported here
+    unless ``found`` already says it: objects and fields declared twice, fields
+    named like a system column, and each field's shape (:func:`field_shape_problems`)."""
+    said = [p.message for p in found]
+    out: list[Problem] = []
+
+    def add(loc: tuple[int | str, ...], message: str) -> None:
+        if any(message in m for m in said):
+            return
+        line = f" (line {_line_of(root, loc)})" if root is not None else ""
+        out.append(Problem(file, _render_loc(loc, data), message + line))
+        said.append(message)
+
+    objects = _named(data.get("objects"))
+    pack = data.get("name") if isinstance(data.get("name"), str) else "?"
+    for i, msg in object_name_problems([name for _, name, _ in objects]):
+        add(("objects", objects[i][0]), f"pack {pack}: {msg}")
+    for oi, obj, spec in objects:
+        fields = _named(spec.get("fields"))
+        for j, msg in field_name_problems(obj, [name for _, name, _ in fields]):
+            add(("objects", oi, "fields", fields[j][0]), msg)
+        for fi, name, f in fields:
+            formula, ref = f.get("formula"), f.get("reference_to")
+            for msg in field_shape_problems(
+                name,
+                str(f.get("type")),
+                ref if isinstance(ref, str) else None,
+                f.get("summary") is not None,
+                formula if isinstance(formula, str) else None,
+            ):
+                add(("objects", oi, "fields", fi), msg)
+    return out
 
 
 def find_native_manifest(directory: Path) -> Path | None:

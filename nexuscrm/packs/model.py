@@ -259,7 +259,7 @@ class FieldSpec(BaseModel):
     type: FieldType
     description: TextColumn = ""
     length: int | None = Field(default=None, ge=1, le=131072)
-    precision: int | None = Field(default=None, ge=1, le=38)
+    precision: int | None = Field(default=None, ge=1, le=MAX_NUMBER_PRECISION)
     scale: int | None = Field(default=None, ge=0, le=18)
     required: bool = False
     unique: bool = False
@@ -305,8 +305,6 @@ class FieldSpec(BaseModel):
             return v
         if t not in NUMERIC_TYPES:
             raise ValueError(f"a {t} field has no precision")
-        if v > MAX_NUMBER_PRECISION:
-            raise ValueError(f"{v} is over {MAX_NUMBER_PRECISION}, the most digits of a {t}")
         return v
 
     @field_validator("scale")
@@ -378,16 +376,11 @@ class FieldSpec(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> FieldSpec:
-        if self.type in REFERENCE_TYPES and not self.reference_to:
-            raise ValueError(f"field {self.api_name}: {self.type} needs reference_to")
-        if self.type == FieldType.Summary and self.summary is None:
-            raise ValueError(f"field {self.api_name}: Summary needs a summary definition")
-        if self.formula is not None and not self.formula.strip():
-            raise ValueError(f"field {self.api_name}: formula is empty")
-        if self.formula is not None and self.type in (
-            REFERENCE_TYPES | {FieldType.Summary, FieldType.Location, FieldType.AutoNumber}
-        ):
-            raise ValueError(f"field {self.api_name}: a {self.type} field cannot be a formula")
+        problems = field_shape_problems(
+            self.api_name, self.type, self.reference_to, self.summary is not None, self.formula
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -501,16 +494,9 @@ class ObjectSpec(BaseModel):
 
     @model_validator(mode="after")
     def _unique_fields(self) -> ObjectSpec:
-        seen: set[str] = set()
-        for f in self.fields:
-            key = f.api_name.lower()
-            if key in seen:
-                raise ValueError(f"object {self.api_name}: field {f.api_name} is declared twice")
-            if key in {c.lower() for c in STANDARD_COLUMNS}:
-                raise ValueError(
-                    f"object {self.api_name}: field {f.api_name} collides with a system column"
-                )
-            seen.add(key)
+        problems = field_name_problems(self.api_name, [f.api_name for f in self.fields])
+        if problems:
+            raise ValueError("; ".join(msg for _, msg in problems))
         return self
 
 
@@ -641,28 +627,70 @@ class PackManifest(BaseModel):
 
     @model_validator(mode="after")
     def _unique_objects(self) -> PackManifest:
-        seen: set[str] = set()
-        for o in self.objects:
-            if o.api_name.lower() in seen:
-                raise ValueError(f"pack {self.name}: object {o.api_name} is declared twice")
-            seen.add(o.api_name.lower())
+        problems = [msg for _, msg in object_name_problems([o.api_name for o in self.objects])]
         if (
             self.inbound_routes or self.callout_profiles
         ) and self.category != Category.ConnectorPack:
-            raise ValueError(
-                f"pack {self.name}: inbound_routes and callout_profiles need category ConnectorPack"
-            )
+            problems.append("inbound_routes and callout_profiles need category ConnectorPack")
         routes: set[tuple[str, int]] = set()
         for r in self.inbound_routes:
             if (r.event_kind, r.route_version) in routes:
-                raise ValueError(
-                    f"pack {self.name}: route {r.event_kind} v{r.route_version} is declared twice"
-                )
+                problems.append(f"route {r.event_kind} v{r.route_version} is declared twice")
             routes.add((r.event_kind, r.route_version))
             if r.companion_pack is not None and r.companion_pack not in self.depends_on:
                 # Apply order: the companion's objects exist before the route writes them.
-                raise ValueError(
-                    f"pack {self.name}: route {r.event_kind} v{r.route_version} names "
+                problems.append(
+                    f"route {r.event_kind} v{r.route_version} names "
                     f"companion_pack {r.companion_pack}, which is not in depends_on"
                 )
+        if problems:
+            raise ValueError("; ".join(f"pack {self.name}: {p}" for p in problems))
         return self
+
+
+def field_shape_problems(
+    name: str, type_: str, reference_to: str | None, has_summary: bool, formula: str | None
+) -> list[str]:
+    """Every problem of one field's shape (all at once): a Lookup or MasterDetail
+    without ``reference_to``, a Summary without its definition, an empty formula,
+    a formula on a type that cannot be one. Used by :class:`FieldSpec` and, for a
+    field that failed other checks, by the loader on the raw document."""
+    problems = []
+    if type_ in REFERENCE_TYPES and not reference_to:
+        problems.append(f"field {name}: {type_} needs reference_to")
+    if type_ == FieldType.Summary and not has_summary:
+        problems.append(f"field {name}: Summary needs a summary definition")
+    if formula is not None and not formula.strip():
+        problems.append(f"field {name}: formula is empty")
+    if formula is not None and type_ in (
+        REFERENCE_TYPES | {FieldType.Summary, FieldType.Location, FieldType.AutoNumber}
+    ):
+        problems.append(f"field {name}: a {type_} field cannot be a formula")
+    return problems
+
+
+def field_name_problems(obj: str, names: list[str]) -> list[tuple[int, str]]:
+    """``(index, problem)`` for each field of object ``obj`` (``names`` in order)
+    declared twice or named like a system column (case-insensitive), all at once."""
+    system = {c.lower() for c in STANDARD_COLUMNS}
+    seen: set[str] = set()
+    out: list[tuple[int, str]] = []
+    for i, name in enumerate(names):
+        key = name.lower()
+        if key in seen:
+            out.append((i, f"object {obj}: field {name} is declared twice"))
+        elif key in system:
+            out.append((i, f"object {obj}: field {name} collides with a system column"))
+        seen.add(key)
+    return out
+
+
+def object_name_problems(names: list[str]) -> list[tuple[int, str]]:
+    """``(index, problem)`` for each object of a pack declared twice (case-insensitive)."""
+    seen: set[str] = set()
+    out: list[tuple[int, str]] = []
+    for i, name in enumerate(names):
+        if name.lower() in seen:
+            out.append((i, f"object {name} is declared twice"))
+        seen.add(name.lower())
+    return out
