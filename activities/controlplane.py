@@ -234,7 +234,12 @@ class ControlPlaneActivities:
         created = sum(r.tables_created for r in results)
         added = sum(r.columns_added for r in results)
         rows = sum(r.rows_written for r in results)
-        return f"{len(results)} packs: tables created {created}, columns added {added}, rows {rows}"
+        widened = sum(r.columns_widened for r in results)
+        more = f", columns widened {widened}" if widened else ""
+        return (
+            f"{len(results)} packs: tables created {created}, columns added {added}, "
+            f"rows {rows}{more}"
+        )
 
     @activity.defn(name="controlplane.rebuild_derived")
     @fatal_is_final

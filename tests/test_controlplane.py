@@ -12,6 +12,7 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from nexuscrm.controlplane import (
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import index_names, quote, table_names, view_names
 from nexuscrm.db.engine import make_engine
-from nexuscrm.errors import LeaseLostError, PackError, RepairError
+from nexuscrm.errors import LeaseLostError, PackError, PackProblems, RepairError
 from nexuscrm.packs.builtin import platform_packs
 from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.model import FieldSpec, FieldType, ObjectSpec, PackManifest
@@ -760,3 +761,58 @@ def test_stored_field_type_change_is_refused_and_verify_sees_column_drift(engine
         catalog.bump_version(conn)
     findings = verify.verify(engine, check_indexes=False)
     assert any("Gizmo__c.Color__c: column Color__c is" in f and "Date" in f for f in findings)
+
+
+def test_a_wider_field_widens_its_column_and_a_narrower_one_is_refused(engine: Engine) -> None:
+    """Columns were only ever added: a Text field whose length grew (10 -> 100) kept
+    ``VARCHAR(10)`` on MariaDB, and a value the new length allows failed to store
+    (1406 'Data too long'). A wider length, precision or scale now widens the column
+    in place (``MODIFY COLUMN``, MySQL family; SQLite stores any length); a narrower
+    one is refused with the pack's other problems (values already stored may not
+    fit), naming the field and both sizes, and nothing of it is written."""
+    mysql = engine.dialect.name == "mysql"
+
+    def pack(code: int, precision: int, scale: int) -> PackManifest:
+        return app_pack(
+            fields=[
+                {"api_name": "Code__c", "type": "Text", "length": code},
+                {"api_name": "Amount__c", "type": "Number", "precision": precision,
+                 "scale": scale},
+            ]
+        )  # fmt: skip
+
+    with_platform(engine)
+    packs_apply.apply_pack(engine, pack(10, 10, 2))
+    wider = pack(100, 16, 4)
+    result = packs_apply.apply_pack(engine, wider)
+    assert (result.columns_added, result.columns_widened) == (0, 2 if mysql else 0)
+    code, amount = "x" * 100, Decimal("123456789012.1234")
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO Gizmo__c (Id, Name, Code__c, Amount__c, IsDeleted) "
+                 "VALUES ('g1', 'one', :c, :a, 0)"),
+            {"c": code, "a": str(amount)},
+        )  # fmt: skip
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT Code__c, Amount__c FROM Gizmo__c")).one()
+    assert row[0] == code and Decimal(str(row[1])) == amount
+    assert packs_apply.apply_pack(engine, wider) == packs_apply.PackApplyResult(
+        "gizmo-app", 0, 0, 0, 0
+    )
+    # narrower: a shorter text, fewer decimals (even with more integer digits)
+    for narrower, said in (
+        (pack(50, 16, 4), "Gizmo__c.Code__c: length 100 shrinks to length 50"),
+        (pack(100, 18, 2), "Gizmo__c.Amount__c: precision 16, scale 4 shrinks to precision 18"),
+        (pack(100, 12, 4), "Gizmo__c.Amount__c: precision 16, scale 4 shrinks to precision 12"),
+    ):
+        with pytest.raises(PackProblems) as info:
+            packs_apply.validate_against(engine, [narrower])
+        report = [p.line() for p in info.value.problems]
+        assert any(line.startswith(said) and "cannot shrink" in line for line in report), report
+        assert len(report) == 1, report
+    with engine.connect() as conn:
+        lengths = conn.execute(
+            select(t.field_meta.c.ApiName, t.field_meta.c.Length, t.field_meta.c.Precision)
+            .where(t.field_meta.c.ObjectApiName == "Gizmo__c")
+        ).all()  # fmt: skip
+    assert {(n, ln, p) for n, ln, p in lengths} >= {("Code__c", 100, None), ("Amount__c", None, 16)}

@@ -40,6 +40,7 @@ from nexuscrm.db.dialect import (
     quote,
     render_type,
     upsert,
+    widens,
 )
 from nexuscrm.db.dialect import table_names as physical_tables
 from nexuscrm.errors import (
@@ -82,6 +83,7 @@ class PackApplyResult:
     tables_created: int
     columns_added: int
     rows_written: int
+    columns_widened: int = 0
 
 
 def stored_app_packs(engine: Engine) -> list[PackManifest]:
@@ -227,34 +229,53 @@ def _merged_spec(
     )  # fmt: skip
 
 
-def converge_table(engine: Engine, spec: ObjectSpec, epoch: int | None = None) -> tuple[int, int]:
-    """Create the object's table or add its missing columns; return (created, added).
+def converge_table(
+    engine: Engine, spec: ObjectSpec, epoch: int | None = None
+) -> tuple[int, int, int]:
+    """Create the object's table, add its missing columns and widen the columns a
+    pack now declares wider; return (created, added, widened).
 
     Columns are only ever added (as the seed's additive schema bootstrap);
-    a column a pack no longer declares is kept with its data. The DDL runs
-    after a lease check in its transaction (``LeaseLostError`` when fenced).
+    a column a pack no longer declares is kept with its data. On the MySQL
+    family a column whose declared size grew (a Text field's length, a
+    Number's precision or scale: :func:`nexuscrm.db.dialect.widens`) is
+    altered in place (``MODIFY COLUMN``), so that a value the new size allows
+    is stored; a size that shrinks never reaches here (refused when the pack is
+    planned). SQLite keeps any length in any column. The DDL runs after a
+    lease check in its transaction (``LeaseLostError`` when fenced).
     """
     dialect = dialect_name(engine)
     if spec.api_name not in physical_tables(engine):
         with engine.begin() as conn:
             lease.require(conn, epoch)
             catalog.object_table(spec, dialect, MetaData()).create(conn)
-        return 1, 0
+        return 1, 0, 0
     reflected = {c["name"].lower(): c["type"] for c in inspect(engine).get_columns(spec.api_name)}
     text = rowsize_text_columns(engine, spec, reflected)
-    added = 0
+    added = widened = 0
     with engine.begin() as conn:
         lease.require(conn, epoch)
         for f in spec.fields:
             for col in f.column_names():
-                if col.lower() in reflected:
-                    continue
                 type_ = Text() if col.lower() in text else column_type(f, dialect)
-                type_sql = render_type(conn, type_)
                 table_q, col_q = quote(conn, spec.api_name), quote(conn, col)
-                conn.exec_driver_sql(f"ALTER TABLE {table_q} ADD COLUMN {col_q} {type_sql}")
-                added += 1
-    return 0, added
+                have = reflected.get(col.lower())
+                if have is None:
+                    type_sql = render_type(conn, type_)
+                    conn.exec_driver_sql(f"ALTER TABLE {table_q} ADD COLUMN {col_q} {type_sql}")
+                    added += 1
+                elif dialect == "mysql" and widens(have, type_):
+                    type_sql = render_type(conn, type_)
+                    conn.exec_driver_sql(f"ALTER TABLE {table_q} MODIFY COLUMN {col_q} {type_sql}")
+                    log.info(
+                        "column widened",
+                        table=spec.api_name,
+                        column=col,
+                        was=str(have),
+                        now=type_sql,
+                    )
+                    widened += 1
+    return 0, added, widened
 
 
 def _keep_incarnation(conn: Connection, row: Any, status: str, replaced_by: str) -> None:
@@ -388,17 +409,18 @@ def apply_pack(
     state = PlanState.of(cat)
     resolved = [(o, resolve_object(pack, o, state)) for o in pack.objects]
     try:
-        created = added = 0
+        created = added = widened = 0
         with engine.connect() as conn:
             lease.require(conn, epoch)
         for o, res in resolved:
             if o.kind == "event":
                 continue
             extra = res.fields[len(o.fields) :]
-            c, a = converge_table(engine, _merged_spec(cat, o, res.own, extra), epoch)
+            c, a, w = converge_table(engine, _merged_spec(cat, o, res.own, extra), epoch)
             created += c
             added += a
-        if created or added:
+            widened += w
+        if created or added or widened:
             after_ddl(engine)
         with engine.begin() as conn:
             lease.require(conn, epoch)
@@ -433,9 +455,9 @@ def apply_pack(
         raise PackError(pack.name, describe_error(exc)) from exc
     log.info(
         "pack applied", pack=pack.name, category=pack.category.value, tables_created=created,
-        columns_added=added, rows_written=written,
+        columns_added=added, columns_widened=widened, rows_written=written,
     )  # fmt: skip
-    return PackApplyResult(pack.name, created, added, written)
+    return PackApplyResult(pack.name, created, added, written, widened)
 
 
 def _mark_failed(

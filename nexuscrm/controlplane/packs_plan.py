@@ -16,7 +16,8 @@ plan would leave it:
   declares), unless a pack it depends on declares that namespace (then that
   pack must define it);
 - a lookup must point at a known object;
-- a field must not be owned by another pack, nor change type family;
+- a field must not be owned by another pack, nor change type family, nor
+  shrink its stored column (a shorter Text length, fewer Number digits);
 - a customization (a standard field declared in source) merges into the field
   an earlier pack defines (a system column or a compound address is a no-op);
   a field nobody defines becomes the pack's own when the file gives its type,
@@ -29,7 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import Numeric
+
 from nexuscrm import catalog
+from nexuscrm.db.dialect import column_type, widens
 from nexuscrm.errors import PackProblems, Problem
 from nexuscrm.packs.model import (
     NUMERIC_TYPES,
@@ -256,6 +260,37 @@ def _check_field(
             "column cannot change type family in place (migrate the data to a new field "
             "instead)",
         )
+    elif old is not None and f.is_stored:
+        shrink = _shrink(old, f)
+        if shrink:
+            add(
+                o.api_name,
+                f.api_name,
+                f"{shrink}; a stored column cannot shrink in place (values already stored "
+                "may not fit): keep the size, or migrate the data to a new field",
+            )
+
+
+def _size(f: FieldSpec) -> str:
+    """A stored field's declared size as the user wrote it: a length or precision/scale."""
+    type_ = column_type(f, "mysql")
+    precision, scale = getattr(type_, "precision", None), getattr(type_, "scale", None)
+    if precision is not None:
+        return f"precision {precision}, scale {scale}"
+    return f"length {getattr(type_, 'length', None) or 'TEXT'}"
+
+
+def _shrink(old: FieldSpec, new: FieldSpec) -> str:
+    """``"<size> shrinks to <size>"`` when ``new``'s column holds less than ``old``'s
+    (fewer decimals or fewer integer digits; a shorter text, the reverse of a
+    widening, :func:`nexuscrm.db.dialect.widens`), else ``""``."""
+    was, now = column_type(old, "mysql"), column_type(new, "mysql")
+    if isinstance(was, Numeric) and isinstance(now, Numeric):
+        wp, ws, np_, ns = was.precision or 0, was.scale or 0, now.precision or 0, now.scale or 0
+        shrinks = ns < ws or np_ - ns < wp - ws
+    else:
+        shrinks = widens(now, was)
+    return f"{_size(old)} shrinks to {_size(new)}" if shrinks else ""
 
 
 def record_pack(pack: PackManifest, state: PlanState) -> None:

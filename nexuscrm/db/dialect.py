@@ -312,3 +312,23 @@ def column_type(field: FieldSpec, dialect: str) -> TypeEngine[Any]:
 def render_type(bind: Connection | Engine, type_: TypeEngine[Any]) -> str:
     """The DDL spelling of ``type_`` on this dialect (for ALTER TABLE ADD COLUMN)."""
     return type_.compile(dialect=bind.dialect)
+
+
+def widens(have: TypeEngine[Any], want: TypeEngine[Any]) -> bool:
+    """Whether the declared column type ``want`` holds more than the reflected ``have``
+    (MySQL family), so that the column must be widened in place: a longer
+    ``VARCHAR`` (or ``TEXT`` for a ``VARCHAR``), a ``DECIMAL`` with more integer
+    digits or more decimals and neither fewer. A narrower or equal ``want`` is not
+    a widening (a shrink is refused when the pack is planned, see
+    ``nexuscrm.controlplane.packs_plan``); other type pairs are left alone."""
+    if isinstance(want, Numeric) and isinstance(have, Numeric):
+        hp, hs, wp, ws = have.precision, have.scale, want.precision, want.scale
+        if hp is None or hs is None or wp is None or ws is None:
+            return False
+        return ws >= hs and wp - ws >= hp - hs and (wp, ws) != (hp, hs)
+    if isinstance(have, String) and not isinstance(have, Text) and have.length:
+        if isinstance(want, Text):
+            return True
+        wanted = want.length if isinstance(want, String) else None
+        return wanted is not None and wanted > have.length
+    return False
