@@ -31,16 +31,32 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
     renderer: Any = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
-    logging.basicConfig(format="%(message)s", stream=sys.stderr, level=level.upper())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+    ]
+    # Lines of the libraries' stdlib loggers (temporalio's workflow and activity
+    # loggers, the SDK core's forwarded lines, SQLAlchemy) are rendered like ours:
+    # one JSON object a line, with the logger's name, when the format is JSON.
+    handler = logging.StreamHandler(_CurrentStderr())
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _OURS, False)]:
+        root.removeHandler(old)
+    if not root.handlers:  # as logging.basicConfig: a test runner's handlers stay
+        setattr(handler, _OURS, True)
+        root.addHandler(handler)
+        root.setLevel(level.upper())
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
@@ -48,6 +64,9 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
         cache_logger_on_first_use=False,
     )
 
+
+_OURS = "_nexus_handler"
+"""Marks the stdlib handler :func:`configure_logging` installed (replaced on a second call)."""
 
 log = structlog.get_logger("nexuscrm")
 

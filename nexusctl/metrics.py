@@ -14,10 +14,42 @@ get buckets of their own (``activities.metrics.HISTOGRAM_BUCKETS``).
 
 from __future__ import annotations
 
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+import logging
+
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 
 from activities.metrics import HISTOGRAM_BUCKETS
 from nexuscrm.errors import NexusError
+
+CORE_LOGGER = "temporalio.core"
+"""The stdlib logger the SDK's Rust core forwards its log lines to (WARN and up)."""
+
+
+def core_logging() -> LoggingConfig:
+    """The SDK core's own log lines (WARN and up: retried RPCs, failed polls) forwarded
+    to the stdlib logger :data:`CORE_LOGGER`, so that they come out as the process's
+    other lines do (JSON when ``NEXUS_LOG_FORMAT=json``), not as coloured text of
+    their own on stderr."""
+    return LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER)),
+    )
+
+
+def worker_runtime(metrics_address: str | None) -> Runtime:
+    """The worker process's Temporal runtime: the core's logs forwarded
+    (:func:`core_logging`) and, with ``metrics_address``, the Prometheus endpoint
+    (:func:`metrics_runtime`; raises ``NexusError`` as it does)."""
+    if metrics_address:
+        return metrics_runtime(metrics_address)
+    return Runtime(telemetry=TelemetryConfig(logging=core_logging()))
 
 
 def metrics_runtime(address: str) -> Runtime:
@@ -31,12 +63,13 @@ def metrics_runtime(address: str) -> Runtime:
     try:
         return Runtime(
             telemetry=TelemetryConfig(
+                logging=core_logging(),
                 metrics=PrometheusConfig(
                     bind_address=address,
                     counters_total_suffix=True,
                     durations_as_seconds=True,
                     histogram_bucket_overrides=HISTOGRAM_BUCKETS,
-                )
+                ),
             )
         )
     except (ValueError, RuntimeError) as exc:

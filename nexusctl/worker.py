@@ -29,7 +29,7 @@ from nexuscrm.db.engine import make_engine, redacted
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 from nexusctl.failures import with_bounded_failures
-from nexusctl.metrics import metrics_runtime
+from nexusctl.metrics import worker_runtime
 from nexusctl.temporal import connect, ensure_search_attributes
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.controlplane_queue import QUEUE_WORKFLOWS
@@ -237,12 +237,13 @@ def check_database(settings: Settings) -> None:
 async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Connect, register search attributes, and serve until ``stop`` is set (or forever).
 
-    With ``NEXUS_METRICS_ADDRESS`` the process's Prometheus endpoint listens
-    before anything connects (``nexusctl.metrics.metrics_runtime``; raises
-    ``NexusError`` when the address cannot be bound).
+    The process's Temporal runtime forwards the SDK core's log lines to the
+    process's logging; with ``NEXUS_METRICS_ADDRESS`` its Prometheus endpoint
+    listens before anything connects (``nexusctl.metrics.worker_runtime``;
+    raises ``NexusError`` when the address cannot be bound).
     """
     check_database(settings)
-    runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
+    runtime = worker_runtime(settings.metrics_address)
     client = await connect(settings, runtime)
     await ensure_search_attributes(client)
     worker = build_worker(client, settings)

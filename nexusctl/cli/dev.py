@@ -27,6 +27,7 @@ from nexuscrm.connectors import queue
 from nexuscrm.connectors.importer import import_sfdx_plans, project_plans, upsert_route
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
 from nexuscrm.errors import NexusError
+from nexuscrm.log import log
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import (
@@ -212,7 +213,8 @@ async def _serve(
         try:
             await asyncio.wait({worker_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if not worker_task.done():
-                console.print("stopping the worker (Ctrl-C again to stop at once)")
+                # a log line (JSON when the output is a file or a pipe), not a print
+                log.info("stopping the worker", hint="Ctrl-C again to stop at once")
                 grace = settings.worker_shutdown_seconds + SHUTDOWN_GRACE_S
                 done, _ = await asyncio.wait({worker_task}, timeout=grace)
                 if not done:
