@@ -17,6 +17,7 @@ waits (signal-with-start, ``wake``, which waits run) is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import os
@@ -82,6 +83,8 @@ children's batches need (issue 16: 3,000 waits woken at once took 13.1 s with
 the closes at full pace, 6.8 s without them)."""
 
 CLOSE_MAX_DEFER_S = 60.0
+CLOSER_STOP_GRACE_S = 5.0
+"""Seconds a stopping worker gives the background closer before it cancels it."""
 """Longest a woken wait's completion waits for the process's batches: older
 ones are signalled at full pace, so under a load that never ends the waits
 left running stay about a minute's worth, not a growing backlog."""
@@ -171,6 +174,7 @@ class IdentityActivities(IdentityRecovery):
         self.close_pause_busy_s = CLOSE_PAUSE_BUSY_S
         self.close_max_defer_s = CLOSE_MAX_DEFER_S
         self._closer: asyncio.Task[None] | None = None
+        self._closing: set[tuple[str, str]] = set()  # taken by the closer, not signalled yet
         # None: no owner authority (the seed's nil resolver): every probe fails,
         # so waits only reschedule and nothing ever expires; wakes still work.
         self.resolver: Resolver | None = resolver
@@ -405,6 +409,30 @@ class IdentityActivities(IdentityRecovery):
         if self._closer is None or self._closer.done():
             self._closer = asyncio.get_running_loop().create_task(self._drain_closes(client))
 
+    async def stop_closer(self, grace_s: float = CLOSER_STOP_GRACE_S) -> int:
+        """The worker stops: let the background closer (:meth:`_close_later`) finish
+        for up to ``grace_s`` seconds, then cancel it and drop what it had queued.
+        Returns the waits left unsignalled: each still runs without blocked items,
+        and recovery's sweep asks it to probe and it ends, as for a key lost with
+        the process. Without this the closer outlived its worker in a process that
+        goes on (a bench's next run, a test), retrying signals to a server that
+        may be gone. Never raises."""
+        task = self._closer
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), grace_s)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        left = sum(len(keys) for keys in self._to_close.values()) + len(self._closing)
+        self._to_close.clear()
+        self._closing.clear()
+        self._closer = None
+        if left:
+            log.info("identity waits not signalled at shutdown; recovery's sweep will", waits=left)
+        return left
+
     async def _drain_closes(self, client: Client) -> None:
         gate = asyncio.Semaphore(CLOSE_CONCURRENCY)
         next_slot = 0.0  # monotonic time of the next paced close
@@ -422,6 +450,7 @@ class IdentityActivities(IdentityRecovery):
                         break
                     await asyncio.sleep(min(next_slot - now, 0.1))  # busy and age move
                 await signal(database_id, key)
+                self._closing.discard((database_id, key))
 
         async def signal(database_id: str, key: str) -> None:
             nonlocal missing
@@ -433,6 +462,7 @@ class IdentityActivities(IdentityRecovery):
 
         while self._to_close:
             database_id, keys = self._to_close.popitem()
+            self._closing.update((database_id, k) for k in keys)
             await asyncio.gather(*(close(database_id, k, at) for k, at in sorted(keys.items())))
         if missing:
             log.info("wake of identity waits skipped: none runs", waits=missing)

@@ -47,7 +47,8 @@ class WorkerGroup:
     timeout side by side, not one after the other). ``sizing``: the connector
     worker's :class:`WorkerSizing` when the group holds one. ``background``:
     coroutine functions run as tasks while the group runs (the metrics
-    sampler), cancelled when it stops.
+    sampler), cancelled when it stops. ``on_stop``: coroutine functions awaited
+    after the workers stopped (the identity closer's bounded drain).
     """
 
     def __init__(
@@ -55,10 +56,12 @@ class WorkerGroup:
         *workers: Worker,
         sizing: WorkerSizing | None = None,
         background: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = (),
+        on_stop: tuple[Callable[[], Coroutine[Any, Any, Any]], ...] = (),
     ) -> None:
         self.workers = workers
         self.sizing = sizing
         self.background = background
+        self.on_stop = on_stop
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = contextlib.AsyncExitStack()
 
@@ -75,6 +78,8 @@ class WorkerGroup:
         # Worker.shutdown is safe to call again: the stack's exits then return at once.
         await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
         await self._stack.aclose()
+        for stop in self.on_stop:
+            await stop()
 
 
 def _shutdown_timeout(settings: Settings) -> timedelta:
@@ -201,6 +206,7 @@ def build_connector_worker(
         build_identity_worker(client, settings, engine, metrics),
         sizing=sizing,
         background=background,
+        on_stop=(identity.stop_closer,),
     )
 
 

@@ -197,3 +197,37 @@ def test_recheck_matches_a_probe_per_row_across_kinds_and_collations(settings):
 
     wq.wake_blocked_keys(engine, sorted(want))
     assert resolved_blocked_keys(engine) == set() and blocked_on_linked(engine) == []
+
+
+async def test_a_stopping_worker_stops_the_identity_closer(temporal_env, settings) -> None:
+    """The closer (background wake signals of waits whose items woke) outlived its
+    worker: in a process that goes on (the bench's next run, on a fresh server) it
+    kept retrying thousands of signals to the stopped server. A stopping worker
+    group gives it CLOSER_STOP_GRACE_S, then cancels it; what it had not signalled
+    is left to recovery's sweep and counted."""
+    from activities.common import BatchLoad
+    from activities.identity import IdentityActivities
+    from nexuscrm.db.engine import make_engine
+    from nexusctl.worker import build_connector_worker
+
+    engine = make_engine(settings.database_url)
+    load = BatchLoad()
+    acts = IdentityActivities(engine, settings, load=load)
+    acts.close_pause_busy_s = 1.0  # one close a second while a batch runs
+    keys = [f"k{i:03d}" for i in range(100)]
+    with load.batch():  # an inbound batch runs throughout: the closer paces itself
+        acts._close_later(temporal_env.client, settings.database_id, keys)
+        await asyncio.sleep(1.5)
+        began = time.monotonic()
+        left = await acts.stop_closer(grace_s=0.5)
+        stopped_s = time.monotonic() - began
+    assert stopped_s < 3, stopped_s
+    assert acts._closer is None and not acts._to_close
+    assert 90 <= left < 100, left
+    assert await acts.stop_closer() == 0  # again: nothing to do
+    engine.dispose()
+    # the connector worker group runs it when it stops
+    group = build_connector_worker(temporal_env.client, settings)
+    (hook,) = group.on_stop
+    assert isinstance(getattr(hook, "__self__", None), IdentityActivities)
+    assert hook.__name__ == "stop_closer"
