@@ -164,3 +164,36 @@ async def test_the_readme_events_file_example_is_enqueued_and_applied(
         account = conn.execute(text("SELECT Id FROM Account WHERE Name = 'Acme'")).scalar_one()
         contact = conn.execute(text("SELECT LastName, Email, AccountId FROM Contact")).one()
     assert tuple(contact) == ("Ng", "ng@example.com", account)
+
+
+async def test_status_of_a_terminated_fleet_says_so_and_shows_the_pools_it_left(
+    temporal_env, settings, hook, tmp_path
+):
+    """An operator terminates the fleet (or the server's history limit does): a
+    closed fleet still answers its status query from its history, so `connectors
+    status` showed its last pools as running and exited 0. It now says the fleet
+    is not running, how and when it ended, and how to start it; the pack's pool,
+    which outlives the fleet, is shown from the server's list of running
+    supervisors; the command fails (exit 1)."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    env = {
+        **os.environ,
+        "NEXUS_DATABASE_URL": settings.database_url,
+        "NEXUS_DATABASE_ID": settings.database_id,
+        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        "COLUMNS": "300",
+    }
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        (pool,) = await wait_pools(fleet, 1)
+        await fleet.terminate("by an operator")
+        res = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "status"], env=env)
+        supervisor = temporal_env.client.get_workflow_handle(pool.supervisor_workflow_id)
+        await supervisor.terminate("test over")
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert f"the connector fleet {fleet.id} is not running: it terminated at" in out, out
+    assert "nexusctl connectors start" in out and "1 pool(s) it left still run" in out, out
+    assert "hook-pack" in out and "8 (0 restarts)" in out, out  # the orphaned pool's workers

@@ -10,7 +10,7 @@ import contextlib
 import typer
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from nexuscrm.connectors import queue
@@ -58,6 +58,7 @@ def connectors_status() -> None:
     stats = {s.installed_pack_id: s for s in queue.pack_queue_stats(engine)}
 
     problem: str | None = None
+    closed: str | None = None  # the fleet's execution ended: how and when
 
     async def unserved(client: Client | None) -> str | None:
         """When the fleet did not answer: say so if no worker polls its task queue."""
@@ -72,11 +73,20 @@ def connectors_status() -> None:
         return None
 
     async def pools() -> tuple[dict[str, SupervisorStatus], FleetStatus | None]:
-        nonlocal problem
+        nonlocal problem, closed
         client: Client | None = None
         try:
             client = await connect(settings)
             handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
+            desc = await handle.describe(rpc_timeout=QUERY_TIMEOUT)
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                # A closed fleet still answers queries (from its history): its last
+                # pools would read as running. Say it ended; list the pools that
+                # outlived it from the server (supervisors are abandoned, not ended).
+                how = desc.status.name.lower() if desc.status else "closed"
+                at = f" at {desc.close_time:%Y-%m-%d %H:%M:%S} UTC" if desc.close_time else ""
+                closed = f"{how}{at}"
+                return await _orphaned_pools(client, settings.database_id), None
             fleet = await handle.query("status", result_type=FleetStatus, rpc_timeout=QUERY_TIMEOUT)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
@@ -124,6 +134,12 @@ def connectors_status() -> None:
     console.print(table)
     if fleet is not None:
         _print_fleet_problems(fleet)
+    elif closed is not None:
+        fail(
+            f"the connector fleet {fleet_workflow_id(settings.database_id)} is not running: "
+            f"it {closed}; start it again with `nexusctl connectors start`"
+            + (f" ({len(running)} pool(s) it left still run)" if running else "")
+        )
     elif problem is None:
         console.print(
             f"no connector fleet runs for database {settings.database_id} "
@@ -134,6 +150,23 @@ def connectors_status() -> None:
         fail(
             f"cannot query the connector fleet {fleet_workflow_id(settings.database_id)}: {problem}"
         )
+
+
+async def _orphaned_pools(client: Client, database_id: str) -> dict[str, SupervisorStatus]:
+    """The database's pack supervisors that still run (from the server's list), by
+    install id, each with its status (one that does not answer is left out)."""
+    query = (
+        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
+        f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
+    )
+    out: dict[str, SupervisorStatus] = {}
+    async for wf in client.list_workflows(query):
+        with contextlib.suppress(Exception):
+            st = await client.get_workflow_handle(wf.id).query(
+                "status", result_type=SupervisorStatus, rpc_timeout=QUERY_TIMEOUT
+            )
+            out[st.install_id] = st
+    return out
 
 
 def _running(pool: SupervisorStatus) -> int:
