@@ -133,7 +133,8 @@ async def test_the_readme_events_file_example_is_enqueued_and_applied(
 ):
     """The README's events-file line (a Contact with a lookup to its Account's remote
     id), with the Account's own event after it, through ``events enqueue`` and the
-    fleet: both records stored, the Contact's AccountId the Account's record id."""
+    fleet: both records stored, the Contact's AccountId the Account's record id.
+    Enqueued while no fleet runs, the command warns that they wait for one."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("### Events files", 1)[1]
     example = json.loads(section.split("```json\n", 1)[1].split("\n```", 1)[0])
@@ -155,9 +156,17 @@ async def test_the_readme_events_file_example_is_enqueued_and_applied(
     )
     assert res.exit_code == 0, res.output
     assert "enqueued 2 event(s)" in res.output
+    # no fleet runs yet: stored, and the user is told they wait for one
+    said = " ".join(res.output.split())
+    assert f"warning: no connector fleet runs for database {settings.database_id}" in said, said
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         assert await wait_drained(engine) == {"succeeded": 2}
+        again = await asyncio.to_thread(
+            CliRunner().invoke, app, ["events", "enqueue", str(path)], env=env
+        )
+        assert again.exit_code == 0 and "2 duplicate(s) skipped" in again.output, again.output
+        assert "warning" not in again.output, again.output  # the fleet took the wake
         await fleet.signal("stop")
         await fleet.result()
     with engine.connect() as conn:

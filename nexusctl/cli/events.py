@@ -5,11 +5,11 @@ data plan as events, replay a failed work item.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from nexuscrm.catalog import Catalog, load_catalog
 from nexuscrm.connectors import queue
@@ -24,7 +24,7 @@ from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_con
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import load_settings, open_engine
-from nexusctl.cli.render import console, fail, require_engine
+from nexusctl.cli.render import console, err_console, fail, require_engine
 from nexusctl.temporal import connect, signal_fleet
 
 events_app = typer.Typer(help="Inbound connector events.", no_args_is_help=True)
@@ -48,9 +48,22 @@ def installed_catalog(settings: Settings) -> Catalog:
         return load_catalog(conn)
 
 
-async def _wake(settings: Settings, install_id: str) -> None:
-    with contextlib.suppress(Exception):  # no fleet running: the idle timer finds the work
-        await signal_fleet(await connect(settings), settings, "wake", install_id)
+async def _wake(settings: Settings, install_id: str) -> str | None:
+    """Wake the fleet's pool of ``install_id``; a warning when no fleet was reached
+    (none runs, or Temporal does not answer): the events wait in the queue."""
+    waiting = "the events wait in the queue until a fleet serves it"
+    try:
+        if await signal_fleet(await connect(settings), settings, "wake", install_id):
+            return None
+    except Exception as exc:  # the events are stored; only the wake is missing
+        return (
+            f"warning: Temporal at {settings.temporal_address} did not take the wake "
+            f"({type(exc).__name__}: {exc}); {waiting}"
+        )
+    return (
+        f"warning: no connector fleet runs for database {settings.database_id}; {waiting} "
+        "(`nexusctl connectors start`, with a `nexusctl worker` running)"
+    )
 
 
 def _enqueue(
@@ -62,7 +75,9 @@ def _enqueue(
     except queue.InvalidWorkRequest as exc:
         fail(f"{source}: {exc}")
     console.print(f"enqueued {result.inserted} event(s), {result.duplicates} duplicate(s) skipped")
-    asyncio.run(_wake(settings, install_id))
+    warning = asyncio.run(_wake(settings, install_id))
+    if warning:
+        err_console.print(escape(warning), soft_wrap=True)
 
 
 @events_app.command("enqueue")
