@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from typer.testing import CliRunner
@@ -206,3 +207,46 @@ async def test_status_of_a_terminated_fleet_says_so_and_shows_the_pools_it_left(
     assert f"the connector fleet {fleet.id} is not running: it terminated at" in out, out
     assert "nexusctl connectors start" in out and "1 pool(s) it left still run" in out, out
     assert "hook-pack" in out and "8 (0 restarts)" in out, out  # the orphaned pool's workers
+
+
+async def test_failed_events_are_listed_with_their_reason_and_the_id_to_replay(
+    temporal_env, settings, hook, tmp_path
+):
+    """`events failed` lists the failed work items not replayed yet, with the id
+    `events replay` takes, the event's kind and source, the failure class and its
+    summary; `--class` and `--pack` narrow it; once replayed, an item is not listed.
+    The database's rows are the reference."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    engine = make_engine(settings.database_url)
+    (pack,) = list_connector_packs(engine)
+    hook.script = {"bad": [400]}
+    queue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(app, ["events", *args], env=env)
+
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        await wait_drained(engine)
+        await fleet.signal("stop")
+        await fleet.result()
+    with engine.connect() as conn:
+        (work_id,) = conn.execute(
+            text("SELECT WorkId FROM _System_ConnectorWorkItem WHERE State = 'failed'")
+        ).scalars()
+    listed = await asyncio.to_thread(cli, "failed")
+    assert listed.exit_code == 0, listed.output
+    out = " ".join(listed.output.split())
+    assert work_id in out and "webhook-http-400" in out and "hook-pack" in out, out
+    assert "1 failed item(s) not replayed" in out and "nexusctl events replay WORK_ID" in out
+    narrowed = await asyncio.to_thread(cli, "failed", "--class", "value-invalid")
+    assert "no failed work item waits for a replay" in narrowed.output, narrowed.output
+    by_pack = await asyncio.to_thread(cli, "failed", "--pack", "hook-pack", "--limit", "1")
+    assert work_id in by_pack.output, by_pack.output
+    assert (await asyncio.to_thread(cli, "failed", "--limit", "0")).exit_code == 2
+    replayed = await asyncio.to_thread(cli, "replay", work_id)
+    assert replayed.exit_code == 0, replayed.output
+    after = await asyncio.to_thread(cli, "failed")
+    assert "no failed work item waits for a replay" in after.output, after.output

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from nexuscrm.catalog import Catalog, load_catalog
 from nexuscrm.connectors import queue
@@ -162,3 +163,43 @@ def events_replay(work_id: str) -> None:
     except NexusError as exc:
         fail(str(exc))
     console.print(f"replayed {work_id} as {new_id}")
+
+
+@events_app.command("failed")
+def events_failed(
+    pack: Annotated[
+        str | None, typer.Option("--pack", help="Only this connector pack (its name).")
+    ] = None,
+    failure_class: Annotated[
+        str | None, typer.Option("--class", help="Only this failure class (e.g. value-invalid).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Most items listed.")] = 50,
+) -> None:
+    """List failed work items not replayed yet, newest first: the id to replay, the
+    event (kind, source object and id), the failure class, count and summary."""
+    settings = load_settings()
+    engine = require_engine(settings)
+    install_id = connector_pack(settings, pack).install_id if pack else None
+    items, total = queue.failed_items(engine, install_id, failure_class, limit)
+    if not items:
+        console.print("no failed work item waits for a replay")
+        return
+    table = Table(title=f"failed work items ({settings.database_id})")
+    for col in ("work id", "pack", "event", "source", "class", "failures", "last failure",
+                "summary"):  # fmt: skip
+        table.add_column(col, overflow="fold")
+    for it in items:
+        when = f"{it.last_failure_at:%Y-%m-%d %H:%M:%S}" if it.last_failure_at else ""
+        summary = it.failure_summary if len(it.failure_summary) <= 200 else (
+            it.failure_summary[:200] + "..."
+        )  # fmt: skip
+        table.add_row(
+            it.work_id, it.namespace, it.event_kind, f"{it.source_object} {it.source_id}".strip(),
+            it.failure_class, str(it.failure_count), when, escape(summary),
+        )  # fmt: skip
+    console.print(table)
+    shown = f" (the newest {len(items)} shown)" if total > len(items) else ""
+    console.print(
+        f"{total} failed item(s) not replayed{shown}; replay one with "
+        "`nexusctl events replay WORK_ID`"
+    )

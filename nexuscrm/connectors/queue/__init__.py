@@ -144,7 +144,13 @@ from nexuscrm.connectors.queue.shapes import (
     EnqueueResult,
     PackQueueStats,
 )
-from nexuscrm.connectors.queue.stats import pack_queue_stats, processing_pressure, stalled_pack
+from nexuscrm.connectors.queue.stats import (
+    FailedItem,
+    failed_items,
+    pack_queue_stats,
+    processing_pressure,
+    stalled_pack,
+)
 from nexuscrm.connectors.queue.vocabulary import (
     CLAIMABLE_WORK_TYPES,
     EVENT_ID_PREFIX,
@@ -210,6 +216,7 @@ __all__ = [
     "ClaimedItem",
     "EnqueueRequest",
     "EnqueueResult",
+    "FailedItem",
     "FenceSuperseded",
     "IdempotencyConflict",
     "InvalidWorkRequest",
@@ -229,6 +236,7 @@ __all__ = [
     "enqueue",
     "expire_blocked",
     "extend_leases",
+    "failed_items",
     "fence_holds",
     "fence_value",
     "finish_failed",

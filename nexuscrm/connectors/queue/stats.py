@@ -1,8 +1,10 @@
-"""Observability: queue numbers per pack, a pack's processing pressure, stalled packs."""
+"""Observability: queue numbers per pack, a pack's processing pressure, stalled packs,
+the failed items an operator may replay."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ from nexuscrm.connectors.queue.vocabulary import (
     _parked,
     _w,
 )
+from nexuscrm.db import tables as t
 
 
 def pack_queue_stats(
@@ -163,3 +166,76 @@ def stalled_pack(
             new_budget=max(0, max_processing_rows - len(processing)),
         )
     return bool(got)
+
+
+@dataclass(frozen=True)
+class FailedItem:
+    """One failed work item for an operator: what failed, why, and the id to replay."""
+
+    work_id: str
+    installed_pack_id: str
+    namespace: str
+    event_kind: str
+    source_object: str
+    source_id: str
+    failure_class: str
+    failure_summary: str
+    failure_count: int
+    last_failure_at: datetime | None
+
+
+def failed_items(
+    engine: Engine,
+    installed_pack_id: str | None = None,
+    failure_class: str | None = None,
+    limit: int = 50,
+) -> tuple[list[FailedItem], int]:
+    """The failed work items not replayed yet (``ReplayedAt`` empty), newest failure
+    first, at most ``limit``, with their event's kind and source; and how many
+    there are in all. ``installed_pack_id`` / ``failure_class`` narrow both.
+    Two queries; ``limit`` < 1 raises ``ValueError``."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    e = t.connector_event
+    where = [_w.c.State == STATE_FAILED, _w.c.ReplayedAt.is_(None)]
+    if installed_pack_id is not None:
+        where.append(_w.c.InstalledPackId == installed_pack_id)
+    if failure_class is not None:
+        where.append(_w.c.FailureClass == failure_class)
+    rows_q = (
+        select(
+            _w.c.WorkId,
+            _w.c.InstalledPackId,
+            e.c.Namespace,
+            e.c.EventKind,
+            e.c.SourceObject,
+            e.c.SourceId,
+            _w.c.FailureClass,
+            _w.c.FailureSummary,
+            _w.c.FailureCount,
+            _w.c.LastFailureAt,
+        )
+        .select_from(_w.join(e, e.c.EventId == _w.c.EventId))
+        .where(*where)
+        .order_by(_w.c.LastFailureAt.desc(), _w.c.WorkId)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        total = int(conn.execute(select(func.count()).select_from(_w).where(*where)).scalar_one())
+        rows = conn.execute(rows_q).all()
+    items = [
+        FailedItem(
+            work_id=r[0],
+            installed_pack_id=r[1],
+            namespace=r[2] or "",
+            event_kind=r[3],
+            source_object=r[4] or "",
+            source_id=r[5] or "",
+            failure_class=r[6] or "unknown",
+            failure_summary=r[7] or "",
+            failure_count=int(r[8] or 0),
+            last_failure_at=r[9],
+        )
+        for r in rows
+    ]
+    return items, total
