@@ -250,3 +250,31 @@ async def test_failed_events_are_listed_with_their_reason_and_the_id_to_replay(
     assert replayed.exit_code == 0, replayed.output
     after = await asyncio.to_thread(cli, "failed")
     assert "no failed work item waits for a replay" in after.output, after.output
+
+
+async def test_connectors_stop_drains_the_pools_and_ends_the_fleet(
+    temporal_env, settings, hook, tmp_path
+):
+    """`connectors stop` signals the fleet's stop and waits until the server runs
+    neither the fleet nor any of its pools; again, it says no fleet runs."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+    client = temporal_env.client
+    running = (
+        f"ExecutionStatus = 'Running' AND WorkflowId STARTS_WITH 'connector/{settings.database_id}'"
+    )
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        (pool,) = await wait_pools(fleet, 1)
+        assert [wf.id async for wf in client.list_workflows(running)]
+        res = await asyncio.to_thread(
+            CliRunner().invoke, app, ["connectors", "stop", "--timeout", "60"], env=env
+        )
+        assert res.exit_code == 0, res.output
+        assert f"connector fleet {fleet.id} stopped; every pool drained" in res.output
+        assert [wf.id async for wf in client.list_workflows(running)] == []
+        supervisor = client.get_workflow_handle(pool.supervisor_workflow_id)
+        assert await supervisor.result() == "drained"
+    again = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "stop"], env=env)
+    assert again.exit_code == 0 and "no connector fleet runs" in again.output, again.output

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -41,6 +43,65 @@ def connectors_start() -> None:
         return handle.id
 
     console.print(f"connector fleet running: workflow id {asyncio.run(go())}")
+
+
+@connectors_app.command("stop")
+def connectors_stop(
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the pools to drain (0: do not).")
+    ] = 120.0,
+) -> None:
+    """Stop the database's ConnectorFleet: every pool drains (its batches in flight
+    finish, its leases are handed back), then the fleet ends; waits up to
+    --timeout seconds for the pools to end (from the server's list). Exit 1 when
+    they did not in time (they go on draining); a fleet that does not run is
+    said and is no error."""
+    settings = load_settings()
+
+    async def go() -> tuple[bool, list[str]]:
+        client = await connect(settings)
+        handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
+        try:
+            desc = await handle.describe(rpc_timeout=QUERY_TIMEOUT)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False, []
+            raise
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return False, await _running_supervisors(client, settings.database_id)
+        await handle.signal("stop")
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(handle.result(), timeout=max(timeout, 0.1))
+        left = await _running_supervisors(client, settings.database_id)
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            left = await _running_supervisors(client, settings.database_id)
+        return True, left
+
+    try:
+        stopped, left = asyncio.run(go())
+    except Exception as exc:
+        fail(f"cannot stop the connector fleet: {expected_failure(exc) or exc}")
+    fleet_id = fleet_workflow_id(settings.database_id)
+    if not stopped:
+        console.print(f"no connector fleet runs for database {settings.database_id} ({fleet_id})")
+    elif not left:
+        console.print(f"connector fleet {fleet_id} stopped; every pool drained")
+    if left:
+        fail(
+            f"{len(left)} pool(s) still draining after {timeout:g} s (they finish their "
+            f"batches and end): {', '.join(left)}"
+        )
+
+
+async def _running_supervisors(client: Client, database_id: str) -> list[str]:
+    """Ids of the database's running PackSupervisor workflows (the server's list)."""
+    query = (
+        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
+        f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
+    )
+    return sorted([wf.id async for wf in client.list_workflows(query)])
 
 
 @connectors_app.command("status")
@@ -155,14 +216,10 @@ def connectors_status() -> None:
 async def _orphaned_pools(client: Client, database_id: str) -> dict[str, SupervisorStatus]:
     """The database's pack supervisors that still run (from the server's list), by
     install id, each with its status (one that does not answer is left out)."""
-    query = (
-        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
-        f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
-    )
     out: dict[str, SupervisorStatus] = {}
-    async for wf in client.list_workflows(query):
+    for wf_id in await _running_supervisors(client, database_id):
         with contextlib.suppress(Exception):
-            st = await client.get_workflow_handle(wf.id).query(
+            st = await client.get_workflow_handle(wf_id).query(
                 "status", result_type=SupervisorStatus, rpc_timeout=QUERY_TIMEOUT
             )
             out[st.install_id] = st
