@@ -816,3 +816,33 @@ def test_a_wider_field_widens_its_column_and_a_narrower_one_is_refused(engine: E
             .where(t.field_meta.c.ObjectApiName == "Gizmo__c")
         ).all()  # fmt: skip
     assert {(n, ln, p) for n, ln, p in lengths} >= {("Code__c", 100, None), ("Amount__c", None, 16)}
+
+
+def test_a_formula_field_no_longer_declared_leaves_the_catalog(engine: Engine) -> None:
+    """Formula and Summary fields store nothing. One deleted from the pack's source,
+    or every one of a removed pack, stayed in ``_System_Field`` for ever (a broken
+    one warned at every status and could never go). Now the next apply drops the
+    ones the pack no longer declares and ``packs remove`` drops the pack's; stored
+    fields keep their row, column and data."""
+    with_platform(engine)
+    size = {"api_name": "Size__c", "type": "Number"}
+    double = {"api_name": "Double__c", "type": "Number", "formula": "Size__c * 2"}
+    label = {"api_name": "Label__c", "type": "Text", "formula": "TEXT(Size__c)"}
+    packs_apply.apply_pack(engine, app_pack(fields=[size, double, label]))
+    with engine.connect() as conn:
+        assert set(field_rows(conn, "Gizmo__c")) == {"Size__c", "Double__c", "Label__c"}
+    result = packs_apply.apply_pack(engine, app_pack(fields=[size, label]))
+    assert result.rows_written >= 1
+    with engine.connect() as conn:
+        assert set(field_rows(conn, "Gizmo__c")) == {"Size__c", "Label__c"}
+    # converged: nothing more to drop or write
+    again = packs_apply.apply_pack(engine, app_pack(fields=[size, label]))
+    assert again == packs_apply.PackApplyResult("gizmo-app", 0, 0, 0, 0)
+    # a stored field the pack drops keeps its row (and column)
+    packs_apply.apply_pack(engine, app_pack(fields=[label]))
+    with engine.connect() as conn:
+        assert set(field_rows(conn, "Gizmo__c")) == {"Size__c", "Label__c"}
+    packs_apply.remove_pack(engine, "gizmo-app")
+    with engine.connect() as conn:
+        assert set(field_rows(conn, "Gizmo__c")) == {"Size__c"}
+        conn.execute(text("SELECT Size__c FROM Gizmo__c")).all()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, MetaData, Text, inspect, select, update
+from sqlalchemy import Connection, Engine, MetaData, Text, delete, inspect, or_, select, update
 
 from nexuscrm import catalog
 from nexuscrm.clock import utcnow
@@ -58,6 +58,7 @@ from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.packs.model import (
     Category,
     FieldSpec,
+    FieldType,
     ObjectSpec,
     PackManifest,
 )
@@ -441,6 +442,10 @@ def apply_pack(
                     written += sync_records(
                         conn, _merged_spec(cat, o, res.own, res.fields), o.records
                     )
+            declared = {
+                (o.api_name.lower(), f.api_name.lower()) for o, r in resolved for f in r.fields
+            }
+            written += drop_computed_fields(conn, pack.name, keep=declared)
             # App/connector packs of an apply_packs loop are finalized after it.
             if (finalize or not is_app) and not _pack_row_current(conn, pack, digest):
                 _set_pack_row(conn, pack, "active", digest, None)
@@ -613,6 +618,34 @@ def remove_pack(
             .where(inc.c.Name == name, inc.c.Status == INCARNATION_DRAINING)
             .values(Status=INCARNATION_REMOVED, RetiredDate=utcnow(), LastModifiedDate=utcnow())
         )
+        # Its formula and roll-up fields store nothing: they leave the views with it.
+        if drop_computed_fields(conn, name, keep=set()):
+            catalog.bump_version(conn)
         if markers.read(conn) is not None:
             markers.mark(conn, markers.MarkerStatus.invalidated, run_id, "RemovePack")
         return str(row.Status)
+
+
+def drop_computed_fields(conn: Connection, pack_name: str, keep: set[tuple[str, str]]) -> int:
+    """Delete the ``_System_Field`` rows of pack ``pack_name``'s formula and Summary
+    fields that are not in ``keep`` (``(object, field)`` API names, lower-case):
+    what the pack no longer declares, or all of them when it is removed. They
+    store nothing (no column, no data), so the next view rebuild leaves them out;
+    before, a formula deleted from the source (or a broken one of a removed pack)
+    stayed in the catalog for ever and every status warned about it. Stored
+    fields keep their row, column and data (schema changes are additive); a row
+    an admin customized (``IsCustomized``) is kept. Returns the rows deleted."""
+    f = t.field_meta
+    rows = conn.execute(
+        select(f.c.Id, f.c.ObjectApiName, f.c.ApiName).where(
+            f.c.PackName == pack_name,
+            or_(f.c.Formula.is_not(None), f.c.FieldType == FieldType.Summary.value),
+            f.c.IsCustomized.is_(False),
+        )
+    ).all()
+    gone = [r.Id for r in rows if (r.ObjectApiName.lower(), r.ApiName.lower()) not in keep]
+    for start in range(0, len(gone), 500):
+        conn.execute(delete(f).where(f.c.Id.in_(gone[start : start + 500])))
+    if gone:
+        log.info("computed fields dropped", pack=pack_name, fields=len(gone))
+    return len(gone)
