@@ -364,3 +364,14 @@ async def test_values_that_do_not_fit_are_refused_at_import_and_fail_their_item_
             assert conn.execute(text("SELECT Name FROM Broker__c")).scalars().all() == ["ok"]
     finally:
         engine.dispose()
+
+
+def test_demo_sync_progress_reads_as_counts_not_a_dict() -> None:
+    """The progress line printed a Python dict (``{'pending': 3, ...}``); it reads
+    ``sync: pending 3, blocked 2, succeeded 10 (2.5 s)``, zeros left out."""
+    from nexusctl.cli.dev import sync_line
+
+    line = sync_line({"succeeded": 10, "pending": 3, "blocked": 2, "failed": 0}, 2.46)
+    assert line == "sync: pending 3, blocked 2, succeeded 10 (2.5 s)"
+    assert sync_line({}, 0) == "sync: nothing queued (0.0 s)"
+    assert "{" not in sync_line({"odd": 1, "pending": 1}, 1) and "odd 1" in sync_line({"odd": 1}, 1)

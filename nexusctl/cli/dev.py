@@ -383,7 +383,7 @@ def demo_sync(
                 while True:
                     stats = queue.pack_queue_stats(engine, row.install_id)
                     states = stats[0].by_state() if stats else {}
-                    live.update(f"sync: {states}  ({time.monotonic() - start:.1f} s)")
+                    live.update(sync_line(states, time.monotonic() - start))
                     # blocked items wait for their parents (identity convergence)
                     busy = ("pending", "processing", "blocked")
                     if not any(states.get(k) for k in busy):
@@ -405,6 +405,16 @@ def demo_sync(
                 lambda: _hard_exit(server, _interrupted_message(settings, server)),
             )
         )
+
+
+def sync_line(states: dict[str, int], seconds: float) -> str:
+    """demo-sync's progress line: the work items by state (none at zero), in the
+    queue's order, and the seconds so far: ``sync: pending 3, succeeded 10 (2.5 s)``."""
+    order = ("pending", "processing", "blocked", "succeeded", "failed")
+    known = [(k, states[k]) for k in order if states.get(k)]
+    other = [(k, n) for k, n in sorted(states.items()) if k not in order and n]
+    counts = ", ".join(f"{k} {n}" for k, n in known + other)
+    return f"sync: {counts or 'nothing queued'} ({seconds:.1f} s)"
 
 
 def _print_synced(engine: Any, requests: list[queue.EnqueueRequest]) -> None:
