@@ -122,6 +122,7 @@ def field_row(obj_api: str, f: FieldSpec, pack: str) -> dict[str, Any]:
         "ReferenceTo": f.reference_to,
         "RelationshipName": f.relationship_name,
         "PicklistValues": json.dumps(list(f.picklist_values)) if f.picklist_values else None,
+        "IsRestricted": f.restricted,
         "Formula": f.formula,
         "FormulaTreatBlanksAs": f.formula_treat_blanks_as if f.formula else None,
         "SummarySpec": f.summary.model_dump_json() if f.summary else None,
@@ -138,8 +139,8 @@ def field_row(obj_api: str, f: FieldSpec, pack: str) -> dict[str, Any]:
 FIELD_UPDATE_COLUMNS = [
     "ObjectId", "Label", "FieldType", "ColumnNames", "Length", "Precision", "Scale", "Required",
     "IsUnique", "IsExternalId", "DefaultValue", "ReferenceTo", "RelationshipName",
-    "PicklistValues", "Formula", "FormulaTreatBlanksAs", "SummarySpec", "Description",
-    "PackName", "Createable", "Updateable", "LastModifiedDate",
+    "PicklistValues", "IsRestricted", "Formula", "FormulaTreatBlanksAs", "SummarySpec",
+    "Description", "PackName", "Createable", "Updateable", "LastModifiedDate",
 ]  # fmt: skip
 
 
@@ -202,6 +203,7 @@ def field_from_row(row: Any) -> FieldSpec:
         reference_to=row["ReferenceTo"],
         relationship_name=row["RelationshipName"],
         picklist_values=picklist,
+        restricted=bool(row.get("IsRestricted")) and bool(picklist),
         formula=row["Formula"],
         formula_treat_blanks_as=row["FormulaTreatBlanksAs"] or "BlankAsZero",
         summary=summary,

@@ -72,6 +72,8 @@ def _text(f: FieldSpec, value: Any) -> str:
         text = ";".join(value)
     else:
         raise ValueProblem(f"is {kind_of(value)}; a {f.type} field holds text")
+    if f.restricted:
+        _check_restricted(f, text)
     limit = text_limit(f)
     if len(text) > limit:
         raise ValueProblem(f"has {len(text):,} characters; the field holds at most {limit:,}")
@@ -82,6 +84,26 @@ def _text(f: FieldSpec, value: Any) -> str:
                 f"is {size:,} bytes as UTF-8; the column holds at most {_TEXT_COLUMN_BYTES:,}"
             )
     return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _allowed(f: FieldSpec) -> frozenset[str]:
+    return frozenset(f.picklist_values)
+
+
+def _check_restricted(f: FieldSpec, text: str) -> None:
+    """A restricted picklist stores only its values (exactly, as Salesforce's API
+    refuses a bad value for a restricted picklist); a multi-select, each of its
+    ``;``-separated values."""
+    picked = text.split(";") if f.type == FieldType.MultiselectPicklist else [text]
+    bad = [v for v in picked if v not in _allowed(f)]
+    if bad:
+        shown = ", ".join(repr(v) for v in f.picklist_values[:10])
+        more = f" and {len(f.picklist_values) - 10} more" if len(f.picklist_values) > 10 else ""
+        raise ValueProblem(
+            f"{', '.join(repr(v[:40]) for v in bad[:5])} is not a value of this restricted "
+            f"picklist ({shown}{more})"
+        )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -155,7 +177,8 @@ def stored_value(f: FieldSpec, value: Any) -> Any:
     Currency, Percent and a Location's coordinate take a number or a string
     holding one, finite, at most ``precision - scale`` digits before the
     point (digits past ``scale`` are rounded half up): a ``Decimal``.
-    Checkbox takes a boolean, or ``true/false/1/0/yes/no`` (any case). Date,
+    A restricted picklist takes only its values (a multi-select, each of
+    them). Checkbox takes a boolean, or ``true/false/1/0/yes/no`` (any case). Date,
     DateTime (to naive UTC) and Time take ISO text (a datetime fills a Date).
     A lookup's value is the parent's remote id: a string or integer of at most
     :data:`MAX_REMOTE_ID_CHARS` characters, returned as text.

@@ -846,3 +846,52 @@ def test_a_formula_field_no_longer_declared_leaves_the_catalog(engine: Engine) -
     with engine.connect() as conn:
         assert set(field_rows(conn, "Gizmo__c")) == {"Size__c"}
         conn.execute(text("SELECT Size__c FROM Gizmo__c")).all()
+
+
+def test_a_restricted_picklist_takes_only_its_values(engine: Engine, tmp_path: Path) -> None:
+    """Salesforce refuses a value outside a restricted picklist; the values were never
+    checked here. ``restricted`` (native) or ``<valueSet><restricted>`` (SFDX: 60
+    fields of the corpus) round-trips through ``_System_Field.IsRestricted``, and the
+    value an inbound event stores (:func:`stored_value`, value-invalid otherwise) must
+    be one of the values, each of a multi-select's. An unrestricted picklist takes
+    any text; a pack that restricts nothing keeps its payload hash."""
+    from nexuscrm.fieldvalues import ValueProblem, stored_value
+    from nexuscrm.packs.hashing import canonical_payload
+    from nexuscrm.packs.sfdx import load_sfdx
+    from tests.builders import corpus_project
+
+    stage = {"api_name": "Stage__c", "type": "Picklist", "picklist_values": ["Open", "Won"],
+             "restricted": True}  # fmt: skip
+    tags = {"api_name": "Tags__c", "type": "MultiselectPicklist",
+            "picklist_values": ["a", "b", "c"], "restricted": True}  # fmt: skip
+    free = {"api_name": "Free__c", "type": "Picklist", "picklist_values": ["x"]}
+    with_platform(engine)
+    packs_apply.apply_pack(engine, app_pack(fields=[stage, tags, free]))
+    catalog.CACHE.invalidate()
+    fields = {f.api_name: f for f in catalog.CACHE.get(engine).get("Gizmo__c").fields}  # type: ignore[union-attr]
+    assert (fields["Stage__c"].restricted, fields["Tags__c"].restricted) == (True, True)
+    assert fields["Free__c"].restricted is False
+    assert stored_value(fields["Stage__c"], "Won") == "Won"
+    assert stored_value(fields["Tags__c"], ["a", "c"]) == "a;c"
+    assert stored_value(fields["Free__c"], "anything") == "anything"
+    with pytest.raises(ValueProblem, match=r"'Lost' is not a value of this restricted picklist"):
+        stored_value(fields["Stage__c"], "Lost")
+    with pytest.raises(ValueProblem, match=r"'won' is not a value"):  # exact, as Salesforce
+        stored_value(fields["Stage__c"], "won")
+    with pytest.raises(ValueProblem, match=r"'d' is not a value"):
+        stored_value(fields["Tags__c"], "a;d")
+    # the manifest refuses a restriction that cannot hold
+    for bad, said in (
+        ({"api_name": "T__c", "type": "Text", "restricted": True}, "cannot be restricted"),
+        ({"api_name": "P__c", "type": "Picklist", "restricted": True}, "needs its picklist_values"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            app_pack(fields=[bad])
+    # hashes: restricted only where it is set
+    assert "restricted" not in canonical_payload(app_pack(fields=[free]))
+    assert '"restricted":true' in canonical_payload(app_pack(fields=[stage]))
+    # SFDX: DreamHouse's Property__c.Status__c is restricted, and its values come along
+    house = load_sfdx(corpus_project("dreamhouse-lwc"))
+    prop = next(o for o in house.objects if o.api_name == "Property__c")
+    status = next(f for f in prop.fields if f.api_name == "Status__c")
+    assert status.restricted and "Available" in status.picklist_values

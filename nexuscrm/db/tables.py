@@ -143,6 +143,8 @@ field_meta = Table(
     Column("ReferenceTo", String(128), nullable=True),
     Column("RelationshipName", String(128), nullable=True),
     Column("PicklistValues", Text, nullable=True),
+    # A restricted picklist stores only its values (an inbound value outside is refused).
+    Column("IsRestricted", Boolean, nullable=False, default=False),
     Column("Formula", Text, nullable=True),
     Column("FormulaTreatBlanksAs", String(16), nullable=True),
     Column("SummarySpec", Text, nullable=True),

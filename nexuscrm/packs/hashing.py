@@ -40,6 +40,9 @@ def canonical_payload(pack: PackManifest) -> str:
             summary = fld.get("summary")
             if summary is not None and not summary.get("filters"):
                 summary.pop("filters", None)
+            # Restricted picklists came later: left out when not restricted.
+            if not fld.get("restricted"):
+                fld.pop("restricted", None)
     for route in data.get("inbound_routes", ()):
         # Likewise a route's companion_pack (cross-pack routes came later still).
         if route.get("companion_pack") is None:

@@ -268,6 +268,7 @@ class FieldSpec(BaseModel):
     reference_to: str | None = None
     relationship_name: str | None = None
     picklist_values: Annotated[tuple[str, ...], NULL_IS_NOT_SET] = ()
+    restricted: bool = False
     formula: str | None = None
     formula_treat_blanks_as: Literal["BlankAsZero", "BlankAsBlank"] = "BlankAsZero"
     summary: SummarySpec | None = None
@@ -362,6 +363,18 @@ class FieldSpec(BaseModel):
         if t is not None and t not in (FieldType.Picklist, FieldType.MultiselectPicklist):
             raise ValueError(f"a {t} field has no picklist values")
         check_picklist(v)
+        return v
+
+    @field_validator("restricted")
+    @classmethod
+    def _restricted(cls, v: bool, info: ValidationInfo) -> bool:
+        t = info.data.get("type")
+        if not v or t is None:
+            return v
+        if t not in (FieldType.Picklist, FieldType.MultiselectPicklist):
+            raise ValueError(f"a {t} field cannot be restricted (only a picklist is)")
+        if not info.data.get("picklist_values"):
+            raise ValueError("a restricted picklist needs its picklist_values")
         return v
 
     @field_validator("summary")

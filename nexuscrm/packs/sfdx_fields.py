@@ -48,6 +48,7 @@ _FIELD_ELEMENTS = {
     "reference_to": "referenceTo",
     "relationship_name": "relationshipName",
     "picklist_values": "valueSet",
+    "restricted": "valueSet",
     "formula": "formula",
     "formula_treat_blanks_as": "formulaTreatBlanksAs",
     "summary": "summaryOperation",
@@ -160,6 +161,12 @@ def _picklist_values(root: Element, path: Path) -> tuple[tuple[str, ...], tuple[
     if legacy is not None:  # pre-API-38 shape
         take(legacy.findall(_q("picklistValues")), "<picklist><picklistValues>")
     return tuple(values), tuple(defaults)
+
+
+def _restricted(root: Element, path: Path) -> bool:
+    """``<valueSet><restricted>true</restricted>``: the picklist takes only its values."""
+    value_set = root.find(_q("valueSet"))
+    return value_set is not None and bool(_bool(value_set, "restricted", path))
 
 
 def formula_text_literal(value: str) -> str:
@@ -331,6 +338,9 @@ def _field_spec(path: Path, standard_object: bool = False) -> FieldSpec | FieldC
         "reference_to": reference_to,
         "relationship_name": relationship_name,
         "picklist_values": picklist_values,
+        # <valueSet><restricted>: only its values are stored (a global value set's
+        # values live in another file: nothing to check against, left open)
+        "restricted": bool(picklist_values) and bool(attempt(_restricted, root, path)),
         "formula": _text(root, "formula"),
         "summary": attempt(_summary, root, path),
     }
