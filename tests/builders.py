@@ -671,6 +671,7 @@ def cli_env(
         out |= {
             "NEXUS_DATABASE_URL": settings.database_url,
             "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
+            "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
             "NEXUS_DATABASE_ID": settings.database_id,
         }
     if env is not None:

@@ -8,12 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
+from nexuscrm.settings import Settings
 from nexusctl.cli import app
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
@@ -30,26 +31,29 @@ from tests.builders import (
 )
 
 
-async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
-    temporal_env,
-    settings,
-    hook,
-    tmp_path,
-):
+async def hook_pack_with_a_bad_event(
+    temporal_env: Any, settings: Settings, hook: Any, tmp_path: Path
+) -> tuple[Settings, Engine]:
+    """A webhook pack installed (a connector queue of its own) and three events
+    queued, ``ok1``, ``ok2`` and ``bad`` (its endpoint answers ``bad`` with 400):
+    the settings and the database's engine."""
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
     hook.script = {"bad": [400]}
     queue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "COLUMNS": "300",
-    }
+    return settings, engine
+
+
+async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
+    temporal_env,
+    settings,
+    hook,
+    tmp_path,
+):
+    settings, engine = await hook_pack_with_a_bad_event(temporal_env, settings, hook, tmp_path)
+    env = {**os.environ, **cli_env(settings, temporal_env)}
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         (pool,) = await wait_pools(fleet, 1)
@@ -61,6 +65,7 @@ async def test_prune_drains_one_incarnation_and_status_shows_the_pack(
         assert "succeeded/default=2" in result.output
         assert "webhook-http-400=1" in result.output
         # prune: the incarnation's pool drains now, without waiting for a reconcile.
+        (pack,) = list_connector_packs(engine)
         assert await fleet.execute_update("prune", args=["hook-pack", pack.install_id]) is True
         assert await fleet.execute_update("prune", args=["hook-pack", "nope"]) is False
         supervisor = temporal_env.client.get_workflow_handle(pool.supervisor_workflow_id)
@@ -112,14 +117,7 @@ async def test_status_of_a_fleet_no_worker_runs_names_the_task_queue(temporal_en
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "COLUMNS": "300",
-    }
+    env = {**os.environ, **cli_env(settings, temporal_env)}
     try:
         res = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "status"], env=env)
         assert res.exit_code == 1, res.output
@@ -187,14 +185,7 @@ async def test_status_of_a_terminated_fleet_says_so_and_shows_the_pools_it_left(
     supervisors; the command fails (exit 1)."""
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
-    env = {
-        **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "COLUMNS": "300",
-    }
+    env = {**os.environ, **cli_env(settings, temporal_env)}
     async with build_connector_worker(temporal_env.client, settings):
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         (pool,) = await wait_pools(fleet, 1)
@@ -216,12 +207,7 @@ async def test_failed_events_are_listed_with_their_reason_and_the_id_to_replay(
     `events replay` takes, the event's kind and source, the failure class and its
     summary; `--class` and `--pack` narrow it; once replayed, an item is not listed.
     The database's rows are the reference."""
-    settings = connector_settings(settings)
-    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
-    engine = make_engine(settings.database_url)
-    (pack,) = list_connector_packs(engine)
-    hook.script = {"bad": [400]}
-    queue.enqueue(engine, hook_events(pack.install_id, ["ok1", "ok2", "bad"]))
+    settings, engine = await hook_pack_with_a_bad_event(temporal_env, settings, hook, tmp_path)
     env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
 
     def cli(*args: str) -> Any:
