@@ -168,6 +168,17 @@ def find_entry(status: ControlPlaneQueueStatus, request_id: str) -> QueueEntry |
     return None
 
 
+async def _child_exists(client: Client, workflow_id: str) -> bool:
+    """Whether the server has an execution ``workflow_id`` (a describe: no worker needed)."""
+    if not workflow_id:
+        return False
+    try:
+        await client.get_workflow_handle(workflow_id).describe(rpc_timeout=QUERY_TIMEOUT)
+    except Exception:
+        return False
+    return True
+
+
 async def wait_turn(
     client: Client, settings: Settings, ticket: ControlPlaneTicket, wait_seconds: float
 ) -> QueueEntry:
@@ -185,6 +196,15 @@ async def wait_turn(
             found = find_entry(await queue_status(client, settings), entry.request_id)
         except Exception:  # no worker answered in time: ask again until the bound
             found = entry if entry.state in ("queued", "starting") else None
+            if (
+                found is not None
+                and found.state == "starting"
+                and await _child_exists(client, found.workflow_id)
+            ):
+                # Its child was started (the server says so, no worker needed): the
+                # caller follows the child. Without this a worker lost right after
+                # the start (no one answers the query) held this loop for ever.
+                found.state = "running"
         if found is None:  # trimmed from the recent list: it ran long ago
             entry.state = "completed"
             return entry
