@@ -41,6 +41,7 @@ from nexuscrm.contracts import (
     ReconcileRequest,
     ReleaseRequest,
 )
+from nexuscrm.contracts.visibility import running_supervisors_query
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 
@@ -246,11 +247,10 @@ class ConnectorActivities:
         and started again would otherwise serve each pack twice.
         """
         client = activity.client()
-        query = (
-            "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
-            f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
-        )
+        query = running_supervisors_query(database_id)
         drained: list[str] = []
+        if query is None:  # no pool of an unquotable id can run: ids are slugs
+            return drained
         async for wf in client.list_workflows(query):
             await client.get_workflow_handle(wf.id, run_id=wf.run_id).signal("drain")
             drained.append(wf.id)

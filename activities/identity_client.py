@@ -22,6 +22,7 @@ from temporalio.service import RPCError
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, to_spec, wait_workflow_id
 from nexuscrm.contracts import IdentityWaitConfig, IdentityWaitInput
+from nexuscrm.contracts.visibility import running_waits_query
 from nexuscrm.log import log
 
 SIGNAL_CONCURRENCY = 32
@@ -71,17 +72,6 @@ async def signal_wake(client: Client, database_id: str, key_hash: str) -> bool:
     return True
 
 
-def running_query(database_id: str) -> str | None:
-    """The visibility query of the database's running waits; ``None`` when the id
-    cannot be quoted in one."""
-    if not database_id or any(c in database_id for c in "'\\\"\n"):
-        return None
-    return (
-        "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
-        f"AND NexusDatabase='{database_id}'"
-    )
-
-
 def page_after(rows: list[wq.BlockedRow]) -> tuple[datetime, str] | None:
     """Keyset position (``DependencyBlockedAt``, ``WorkId``) after a full page of
     blocked rows; ``None`` after a short page (the last)."""
@@ -99,7 +89,7 @@ async def list_running_waits(client: Client, database_id: str) -> set[str] | Non
     server cannot answer it (attribute not registered, visibility error) or
     the database id cannot be quoted in a query.
     """
-    query = running_query(database_id)
+    query = running_waits_query(database_id)
     if query is None:
         return None
     prefix = wait_workflow_id(database_id, "")

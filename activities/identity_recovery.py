@@ -30,7 +30,6 @@ from activities.identity_client import (
     SIGNAL_CONCURRENCY,
     list_running_waits,
     page_after,
-    running_query,
     running_waits,
 )
 from nexuscrm.connectors import queue as wq
@@ -41,6 +40,7 @@ from nexuscrm.connectors.identity import (
     wait_workflow_id,
 )
 from nexuscrm.contracts import IdentityWaitConfig
+from nexuscrm.contracts.visibility import running_waits_query
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 
@@ -113,7 +113,7 @@ class IdentityRecovery:
         if last is not None and now - last < max(1.0, self.config.max_probe_interval_seconds):
             return 0
         self._last_sweep[database_id] = now
-        query = running_query(database_id)
+        query = running_waits_query(database_id)
         if query is None:
             return 0
         blocked = await asyncio.to_thread(wq.blocked_key_set, self.engine)

@@ -44,6 +44,7 @@ from temporalio.common import MetricMeter
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import connector_pack_names
+from nexuscrm.contracts.visibility import running_waits_query
 from nexuscrm.db.dialect import describe_error
 from nexuscrm.log import log
 
@@ -247,29 +248,18 @@ class NexusMetrics:
         self._age_seen = set(age)
 
 
-def parked_waits_query(database_id: str) -> str | None:
-    """Visibility query of the database's running ``IdentityWait`` workflows (``None``
-    when the id cannot be quoted)."""
-    if not database_id or any(c in database_id for c in "'\\\"\n"):
-        return None
-    return (
-        "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
-        f"AND NexusDatabase='{database_id}'"
-    )
-
-
 async def run_sampler(
     metrics: NexusMetrics, client: Client, database_id: str, every: float = SAMPLE_SECONDS
 ) -> None:
     """Sample the queue gauges and the parked waits every ``every`` seconds, until cancelled.
 
     Queue: :meth:`NexusMetrics.sample_queue` in a thread. Waits:
-    ``client.count_workflows`` of :func:`parked_waits_query` (one count on
+    ``client.count_workflows`` of ``running_waits_query`` (one count on
     the server's visibility store; it lags a start or a completion by about a
     second). A failed sample is logged (once per distinct error) and retried
     at the next tick; it never stops the worker.
     """
-    query = parked_waits_query(database_id)
+    query = running_waits_query(database_id)
     last_error = ""
     while True:
         try:

@@ -24,6 +24,7 @@ from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult, FleetInput, OperationInput
+from nexuscrm.contracts.visibility import running_supervisors_query
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.controlplane_queue import ControlPlaneBusyError, run_queued
@@ -162,6 +163,16 @@ async def start_fleet(
             [SearchAttributePair(DATABASE_KEY, settings.database_id)]
         ),
     )
+
+
+async def running_supervisors(client: Client, database_id: str) -> list[str]:
+    """Sorted ids of ``database_id``'s running PackSupervisor workflows (the
+    connector pools), from the server's list (visibility lags a start or a close
+    by about a second); ``[]`` for an id that cannot be quoted in the query."""
+    query = running_supervisors_query(database_id)
+    if query is None:
+        return []
+    return sorted([wf.id async for wf in client.list_workflows(query)])
 
 
 async def signal_fleet(client: Client, settings: Settings, signal: str, *args: Any) -> bool:

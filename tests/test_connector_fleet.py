@@ -37,7 +37,7 @@ from nexuscrm.controlplane import repair
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
-from nexusctl.temporal import start_fleet
+from nexusctl.temporal import running_supervisors, start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
     cli_env,
@@ -397,18 +397,10 @@ async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
     settings = connector_settings(settings)
     await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
     client = temporal_env.client
-    query = (
-        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
-        f"AND WorkflowId STARTS_WITH 'connector/{settings.database_id}/'"
-    )
-
-    async def running_pools() -> list[str]:
-        return [wf.id async for wf in client.list_workflows(query)]
-
     async with build_connector_worker(client, settings):
         first = await start_fleet(client, settings, fast_fleet(settings))
         for _ in range(100):
-            old = await running_pools()
+            old = await running_supervisors(client, settings.database_id)
             if old:
                 break
             await asyncio.sleep(0.2)
@@ -417,7 +409,7 @@ async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
         second = await start_fleet(client, settings, fast_fleet(settings))
         now: list[str] = []
         for _ in range(100):
-            now = await running_pools()
+            now = await running_supervisors(client, settings.database_id)
             if len(now) == 1 and now != old:
                 break
             await asyncio.sleep(0.2)
@@ -425,15 +417,6 @@ async def test_a_fleet_started_after_a_terminated_one_drains_its_orphaned_pools(
         assert await client.get_workflow_handle(old[0]).result() == "drained"
         await second.signal("stop")
         await second.result()
-
-
-async def running_supervisors(client: Client, settings: Settings) -> list[str]:
-    """The database's running PackSupervisor workflows, from the server's list."""
-    query = (
-        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
-        f"AND WorkflowId STARTS_WITH 'connector/{settings.database_id}/'"
-    )
-    return sorted([wf.id async for wf in client.list_workflows(query)])
 
 
 @pytest.fixture
@@ -581,7 +564,7 @@ async def test_a_pass_on_a_killed_worker_is_retried_after_its_interval_not_a_min
         bound = inp.reconcile_interval_seconds + PASS_HEARTBEAT_SLACK_S
         # the timeout, then a workflow task and the pass on a worker of a loaded box
         assert resumed_s < bound + 20, f"the pass resumed {resumed_s:.1f} s after the kill"
-        assert await running_supervisors(client, settings) == [
+        assert await running_supervisors(client, settings.database_id) == [
             p.supervisor_workflow_id for p in st.pools
         ]
         await fleet.signal("stop")

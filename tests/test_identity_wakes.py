@@ -38,6 +38,7 @@ from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, to_spec, wait_workflow_id
 from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.contracts import BlockedWait, IdentityWaitConfig, WaitNotifyRequest
+from nexuscrm.contracts.visibility import running_waits_query
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
@@ -500,10 +501,9 @@ async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait
     worker = wait_worker(client, settings, engine, lambda _e, _d: False, queue, parked)
     async with worker:
         handles = await _start_waits(client, settings, queue, deps, owned, parked)
-        query = (  # the server lists a wait once its first task set its attributes
-            "WorkflowType='IdentityWait' AND ExecutionStatus='Running' "
-            f"AND NexusDatabase='{settings.database_id}'"
-        )
+        # the server lists a wait once its first task set its attributes
+        query = running_waits_query(settings.database_id)
+        assert query is not None
         for _ in range(300):
             if (await client.count_workflows(query)).count >= len(deps):
                 break

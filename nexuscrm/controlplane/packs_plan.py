@@ -30,10 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Numeric
-
 from nexuscrm import catalog
-from nexuscrm.db.dialect import column_type, widens
+from nexuscrm.db.dialect import column_type, size_change
 from nexuscrm.errors import PackProblems, Problem
 from nexuscrm.packs.model import (
     NUMERIC_TYPES,
@@ -282,15 +280,10 @@ def _size(f: FieldSpec) -> str:
 
 def _shrink(old: FieldSpec, new: FieldSpec) -> str:
     """``"<size> shrinks to <size>"`` when ``new``'s column holds less than ``old``'s
-    (fewer decimals or fewer integer digits; a shorter text, the reverse of a
-    widening, :func:`nexuscrm.db.dialect.widens`), else ``""``."""
-    was, now = column_type(old, "mysql"), column_type(new, "mysql")
-    if isinstance(was, Numeric) and isinstance(now, Numeric):
-        wp, ws, np_, ns = was.precision or 0, was.scale or 0, now.precision or 0, now.scale or 0
-        shrinks = ns < ws or np_ - ns < wp - ws
-    else:
-        shrinks = widens(now, was)
-    return f"{_size(old)} shrinks to {_size(new)}" if shrinks else ""
+    (:func:`nexuscrm.db.dialect.size_change`), else ``""``."""
+    if size_change(column_type(old, "mysql"), column_type(new, "mysql")) != "narrower":
+        return ""
+    return f"{_size(old)} shrinks to {_size(new)}"
 
 
 def record_pack(pack: PackManifest, state: PlanState) -> None:

@@ -1,19 +1,19 @@
 """DDL rules every table follows, whatever the database's defaults.
 
 MySQL family: every ``CREATE TABLE`` states ``DEFAULT CHARSET=utf8mb4`` and
-the install's collation (:func:`install_collation`). A database created with
-another default character set (``latin1`` is the upstream MariaDB default)
-would otherwise get tables that cannot store Japanese text or an emoji, and
-an event carrying one would fail with a driver error. A charset alone takes
-the charset's own default collation (``utf8mb4_general_ci`` on MariaDB), not
-the database's: in a database created ``utf8mb4_unicode_ci`` the tables and
-views came out ``general_ci``, and a user's own table (the database's
-collation) joined to a view failed with 1267 'Illegal mix of collations'.
-Every connection also speaks the install's collation (``SET NAMES``), so an
-expression a view computes (a ``CAST`` to text, a literal) has the
-collation of the columns beside it. Registered on import (``nexuscrm.db``
-imports this module), for the ``_System_*`` tables and the object tables of
-packs alike.
+the install's collation (:func:`choose_collation`, spoken on each connection
+by :func:`speak_install_collation`). A database created with another default
+character set (``latin1`` is the upstream MariaDB default) would otherwise get
+tables that cannot store Japanese text or an emoji, and an event carrying one
+would fail with a driver error. A charset alone takes the charset's own
+default collation (``utf8mb4_general_ci`` on MariaDB), not the database's: in
+a database created ``utf8mb4_unicode_ci`` the tables and views came out
+``general_ci``, and a user's own table (the database's collation) joined to a
+view failed with 1267 'Illegal mix of collations'. Every connection also
+speaks the install's collation (``SET NAMES``), so an expression a view
+computes (a ``CAST`` to text, a literal) has the collation of the columns
+beside it. Registered on import (``nexuscrm.db`` imports this module), for the
+``_System_*`` tables and the object tables of packs alike.
 """
 
 from __future__ import annotations

@@ -314,21 +314,41 @@ def render_type(bind: Connection | Engine, type_: TypeEngine[Any]) -> str:
     return type_.compile(dialect=bind.dialect)
 
 
-def widens(have: TypeEngine[Any], want: TypeEngine[Any]) -> bool:
-    """Whether the declared column type ``want`` holds more than the reflected ``have``
-    (MySQL family), so that the column must be widened in place: a longer
-    ``VARCHAR`` (or ``TEXT`` for a ``VARCHAR``), a ``DECIMAL`` with more integer
-    digits or more decimals and neither fewer. A narrower or equal ``want`` is not
-    a widening (a shrink is refused when the pack is planned, see
-    ``nexuscrm.controlplane.packs_plan``); other type pairs are left alone."""
+def size_change(have: TypeEngine[Any], want: TypeEngine[Any]) -> str | None:
+    """How the declared column type ``want`` compares with ``have`` (MySQL family):
+    ``"wider"``, ``"narrower"``, ``"same"``, or ``None`` for a pair of no common
+    size (other type pairs, a ``DECIMAL`` or ``VARCHAR`` without its size).
+
+    Text: a ``TEXT`` holds more than any ``VARCHAR``; a longer ``VARCHAR`` is
+    wider. Decimal: wider when it has more integer digits or more decimals and
+    neither fewer; narrower when it has fewer of either (more decimals but fewer
+    integer digits is narrower: some stored values would not fit).
+    """
     if isinstance(want, Numeric) and isinstance(have, Numeric):
         hp, hs, wp, ws = have.precision, have.scale, want.precision, want.scale
         if hp is None or hs is None or wp is None or ws is None:
-            return False
-        return ws >= hs and wp - ws >= hp - hs and (wp, ws) != (hp, hs)
-    if isinstance(have, String) and not isinstance(have, Text) and have.length:
-        if isinstance(want, Text):
-            return True
-        wanted = want.length if isinstance(want, String) else None
-        return wanted is not None and wanted > have.length
-    return False
+            return None
+        digits, decimals = (wp - ws) - (hp - hs), ws - hs
+        if digits < 0 or decimals < 0:
+            return "narrower"
+        return "same" if (digits, decimals) == (0, 0) else "wider"
+    if isinstance(have, String) and isinstance(want, String):
+        had, wanted = _text_length(have), _text_length(want)
+        if had is None or wanted is None:
+            return None
+        return "wider" if wanted > had else "narrower" if wanted < had else "same"
+    return None
+
+
+def _text_length(type_: String) -> float | None:
+    if isinstance(type_, Text):
+        return float("inf")
+    return float(type_.length) if type_.length else None
+
+
+def widens(have: TypeEngine[Any], want: TypeEngine[Any]) -> bool:
+    """Whether the declared column type ``want`` holds more than the reflected ``have``
+    (:func:`size_change` says ``"wider"``), so that the column must be widened in
+    place. A narrower ``want`` is refused when the pack is planned
+    (``nexuscrm.controlplane.packs_plan``); other type pairs are left alone."""
+    return size_change(have, want) == "wider"

@@ -27,7 +27,7 @@ from nexusctl.cli.common import (
 )
 from nexusctl.cli.render import console, expected_failure, fail
 from nexusctl.cli.wakes import waits
-from nexusctl.temporal import connect, fleet_workflow_id, start_fleet
+from nexusctl.temporal import connect, fleet_workflow_id, running_supervisors, start_fleet
 
 connectors_app = typer.Typer(help="Connector inbound runtime.", no_args_is_help=True)
 connectors_app.command("waits")(waits)
@@ -68,15 +68,15 @@ def connectors_stop(
                 return False, []
             raise
         if desc.status != WorkflowExecutionStatus.RUNNING:
-            return False, await _running_supervisors(client, settings.database_id)
+            return False, await running_supervisors(client, settings.database_id)
         await handle.signal("stop")
         deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):
             await asyncio.wait_for(handle.result(), timeout=max(timeout, 0.1))
-        left = await _running_supervisors(client, settings.database_id)
+        left = await running_supervisors(client, settings.database_id)
         while left and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
-            left = await _running_supervisors(client, settings.database_id)
+            left = await running_supervisors(client, settings.database_id)
         return True, left
 
     try:
@@ -93,15 +93,6 @@ def connectors_stop(
             f"{len(left)} pool(s) still draining after {timeout:g} s (they finish their "
             f"batches and end): {', '.join(left)}"
         )
-
-
-async def _running_supervisors(client: Client, database_id: str) -> list[str]:
-    """Ids of the database's running PackSupervisor workflows (the server's list)."""
-    query = (
-        "WorkflowType = 'PackSupervisor' AND ExecutionStatus = 'Running' "
-        f"AND WorkflowId STARTS_WITH 'connector/{database_id}/'"
-    )
-    return sorted([wf.id async for wf in client.list_workflows(query)])
 
 
 @connectors_app.command("status")
@@ -217,7 +208,7 @@ async def _orphaned_pools(client: Client, database_id: str) -> dict[str, Supervi
     """The database's pack supervisors that still run (from the server's list), by
     install id, each with its status (one that does not answer is left out)."""
     out: dict[str, SupervisorStatus] = {}
-    for wf_id in await _running_supervisors(client, database_id):
+    for wf_id in await running_supervisors(client, database_id):
         with contextlib.suppress(Exception):
             st = await client.get_workflow_handle(wf_id).query(
                 "status", result_type=SupervisorStatus, rpc_timeout=QUERY_TIMEOUT
