@@ -16,7 +16,7 @@ from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.cli import app
-from nexusctl.temporal import start_fleet
+from nexusctl.temporal import running_supervisors, start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
     SF_SYNC,
@@ -264,3 +264,38 @@ async def test_connectors_stop_drains_the_pools_and_ends_the_fleet(
         assert await supervisor.result() == "drained"
     again = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "stop"], env=env)
     assert again.exit_code == 0 and "no connector fleet runs" in again.output, again.output
+
+
+async def test_connectors_stop_drains_the_pools_a_terminated_fleet_left(
+    temporal_env, settings, hook, tmp_path
+):
+    """A fleet terminated by an operator leaves its pools running (ABANDON):
+    `connectors stop` says no fleet runs, drains those pools by their own signal
+    and waits until the server lists none; with --timeout 0 it names them as
+    still draining and exits 1."""
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(hook_pack(tmp_path / "hook.yaml", hook.url))])
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+    client = temporal_env.client
+
+    def stop(*args: str) -> Any:
+        return CliRunner().invoke(app, ["connectors", "stop", *args], env=env)
+
+    async with build_connector_worker(client, settings):
+        fleet = await start_fleet(client, settings, fast_fleet(settings))
+        (pool,) = await wait_pools(fleet, 1)
+        await fleet.terminate("operator")
+        assert await running_supervisors(client, settings.database_id) == [
+            pool.supervisor_workflow_id
+        ]
+        hurried = await asyncio.to_thread(stop, "--timeout", "0")
+        assert hurried.exit_code == 1, hurried.output
+        out = " ".join(hurried.output.split())
+        assert "no connector fleet runs" in out, out
+        assert "1 pool(s) outlived it and were signalled to drain; 0 ended" in out, out
+        assert "1 pool(s) still draining after 0 s" in out and pool.supervisor_workflow_id in out
+        res = await asyncio.to_thread(stop, "--timeout", "60")
+        assert res.exit_code == 0, res.output
+        assert await running_supervisors(client, settings.database_id) == []
+        supervisor = client.get_workflow_handle(pool.supervisor_workflow_id)
+        assert await supervisor.result() == "drained"

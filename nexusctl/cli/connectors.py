@@ -53,41 +53,55 @@ def connectors_stop(
 ) -> None:
     """Stop the database's ConnectorFleet: every pool drains (its batches in flight
     finish, its leases are handed back), then the fleet ends; waits up to
-    --timeout seconds for the pools to end (from the server's list). Exit 1 when
-    they did not in time (they go on draining); a fleet that does not run is
-    said and is no error."""
+    --timeout seconds for the pools to end (from the server's list). Pools that
+    outlived a fleet that no longer runs (terminated, or lost) are drained too,
+    each by its ``drain`` signal, as a fleet's start would. Exit 1 when pools did
+    not end in time (they go on draining); a fleet that does not run, with no
+    pool left, is said and is no error."""
     settings = load_settings()
 
-    async def go() -> tuple[bool, list[str]]:
+    async def go() -> tuple[bool, list[str], list[str]]:
         client = await connect(settings)
         handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
         try:
             desc = await handle.describe(rpc_timeout=QUERY_TIMEOUT)
+            running = desc.status == WorkflowExecutionStatus.RUNNING
         except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return False, []
-            raise
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            return False, await running_supervisors(client, settings.database_id)
-        await handle.signal("stop")
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            running = False
         deadline = time.monotonic() + timeout
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(handle.result(), timeout=max(timeout, 0.1))
+        orphans: list[str] = []
+        if running:
+            await handle.signal("stop")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(handle.result(), timeout=max(timeout, 0.1))
+        else:
+            orphans = await running_supervisors(client, settings.database_id)
+            for wf_id in orphans:
+                with contextlib.suppress(RPCError):  # it ended meanwhile
+                    await client.get_workflow_handle(wf_id).signal("drain")
         left = await running_supervisors(client, settings.database_id)
         while left and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             left = await running_supervisors(client, settings.database_id)
-        return True, left
+        return running, orphans, left
 
     try:
-        stopped, left = asyncio.run(go())
+        stopped, orphans, left = asyncio.run(go())
     except Exception as exc:
         fail(f"cannot stop the connector fleet: {expected_failure(exc) or exc}")
     fleet_id = fleet_workflow_id(settings.database_id)
-    if not stopped:
-        console.print(f"no connector fleet runs for database {settings.database_id} ({fleet_id})")
-    elif not left:
+    if stopped and not left:
         console.print(f"connector fleet {fleet_id} stopped; every pool drained")
+    elif not stopped:
+        console.print(f"no connector fleet runs for database {settings.database_id} ({fleet_id})")
+        if orphans:
+            ended = sorted(set(orphans) - set(left))
+            console.print(
+                f"{len(orphans)} pool(s) outlived it and were signalled to drain; "
+                f"{len(ended)} ended: {', '.join(ended) or '-'}"
+            )
     if left:
         fail(
             f"{len(left)} pool(s) still draining after {timeout:g} s (they finish their "
