@@ -51,6 +51,11 @@ from workflows.controlplane import DATABASE_KEY
 
 ENTITY_TYPE = "ControlPlane"
 STATUS_POLL_S = 0.5
+STARTING_GRACE_S = 60.0
+"""How long past its wait bound a caller follows an entry whose turn came
+(``starting``: its child is being created) before it gives up with
+``ControlPlaneQueueTimeout``; a start that the entity retries without end (no
+worker, the server refusing) does not hold the caller for ever."""
 QUERY_TIMEOUT = timedelta(seconds=10)
 
 
@@ -185,9 +190,10 @@ async def wait_turn(
     """Wait until the ticket's entry runs or has run; return it.
 
     Raises ``ControlPlaneQueueTimeout`` when the entity dropped it (its
-    deadline passed) or it is still queued ``wait_seconds`` after this call
-    (a coalesced caller's own bound); ``NexusError`` when its child could not
-    be started.
+    deadline passed), it is still queued ``wait_seconds`` after this call
+    (a coalesced caller's own bound), or its turn came and its child was not
+    started :data:`STARTING_GRACE_S` after that bound; ``NexusError`` when its
+    child could not be started.
     """
     entry = ticket.entry
     deadline = time.monotonic() + wait_seconds
@@ -214,6 +220,10 @@ async def wait_turn(
         if entry.state == "failed" and entry.outcome.startswith("could not start"):
             raise NexusError(entry.outcome)
         if entry.state == "starting":  # its turn came: the child is being created
+            if time.monotonic() > deadline + STARTING_GRACE_S:
+                raise ControlPlaneQueueTimeout(
+                    _timeout_message(settings, entry, wait_seconds + STARTING_GRACE_S)
+                )
             await asyncio.sleep(STATUS_POLL_S / 5)
             continue
         if entry.state != "queued":
@@ -244,6 +254,14 @@ async def settled(
 
 def _timeout_message(settings: Settings, entry: QueueEntry, wait_seconds: float) -> str:
     why = f" ({entry.outcome})" if entry.outcome else ""
+    if entry.state == "starting":
+        return (
+            f"timed out after {wait_seconds:g} s: the turn of {entry.operation} "
+            f"{entry.workflow_id} came in the control-plane queue of database "
+            f"{settings.database_id}, but the server has no such workflow yet and no "
+            f"worker answered{why}; is a worker serving task queue "
+            f"{settings.controlplane_task_queue}? See `nexusctl queue`, then try again"
+        )
     return (
         f"timed out after {wait_seconds:g} s waiting for its turn in the control-plane queue "
         f"of database {settings.database_id}: {entry.operation} {entry.workflow_id} was not "

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from sqlalchemy import select
 from temporalio import activity
@@ -501,3 +502,42 @@ async def test_no_queue_after_a_worker_restart_sees_the_end_that_arrived_with_it
         await eventually(completed, "the accepted RunRepair completed")
     runs = await listed(client, settings, "RunRepair", 2)
     assert sorted(r.status.name for r in runs) == ["COMPLETED", "TERMINATED"]
+
+
+async def test_a_caller_whose_turn_came_follows_the_child_or_gives_up_past_its_bound(
+    temporal_env, settings, monkeypatch
+):
+    """With no worker to answer the queue's status query, a caller whose entry is
+    ``starting`` follows the child once the server has it (a describe, no worker
+    needed), and otherwise gives up STARTING_GRACE_S past its own wait bound with
+    an error naming the operation and the task queue; it never waits for ever."""
+    from nexuscrm.contracts.controlplane_queue import ControlPlaneTicket, QueueEntry
+    from nexusctl import controlplane_queue as cq
+
+    monkeypatch.setattr(cq, "STARTING_GRACE_S", 1.0)
+    client = temporal_env.client
+    req = build_request("ApplyAll", ApplyAllInput(), settings)
+    lost = QueueEntry(
+        request_id="r-lost",
+        workflow_id=f"controlplane/{settings.database_id}/ApplyAll/r-lost",
+        operation="ApplyAll",
+        request=req,
+        state="starting",
+    )
+    began = time.monotonic()
+    with pytest.raises(cq.ControlPlaneQueueTimeout) as raised:
+        await cq.wait_turn(client, settings, ControlPlaneTicket(entry=lost), 0.5)
+    assert 1.5 <= time.monotonic() - began < 30
+    said = str(raised.value)
+    assert lost.workflow_id in said and settings.controlplane_task_queue in said, said
+
+    started = QueueEntry(**{**lost.__dict__, "request_id": "r-started"})
+    started.workflow_id = f"controlplane/{settings.database_id}/ApplyAll/r-started"
+    child = await client.start_workflow(
+        "NoWorkerServesThis", id=started.workflow_id, task_queue="nobody-polls"
+    )
+    try:
+        entry = await cq.wait_turn(client, settings, ControlPlaneTicket(entry=started), 0.5)
+        assert entry.state == "running" and entry.workflow_id == started.workflow_id
+    finally:
+        await child.terminate("test over")

@@ -275,6 +275,18 @@ def write_value_app(path: Path) -> Path:
                     {"api_name": "Amount__c", "type": "Number", "precision": 18, "scale": 2},
                     {"api_name": "Notes__c", "type": "LongTextArea", "length": 500},
                     {"api_name": "Boss__c", "type": "Lookup", "reference_to": "Broker__c"},
+                    {
+                        "api_name": "Stage__c",
+                        "type": "Picklist",
+                        "restricted": True,
+                        "picklist_values": ["Open", "Won"],
+                    },
+                    {
+                        "api_name": "Tags__c",
+                        "type": "MultiselectPicklist",
+                        "restricted": True,
+                        "picklist_values": ["a", "b", "c"],
+                    },
                 ],
             },
         ],
@@ -290,6 +302,18 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "precision": ({"Score__c": 123456789}, "Broker__c.Score__c: value 123456789 is out of range"),
     "huge": ({"Amount__c": 1e300}, "Broker__c.Amount__c: value 1e+300 is out of range"),
     "long text": ({"Notes__c": "n" * 1000}, "Broker__c.Notes__c: value has 1,000 characters"),
+    "restricted": (
+        {"Stage__c": "Lost"},
+        "Broker__c.Stage__c: value 'Lost' is not a value of this restricted picklist",
+    ),
+    "restricted case": (  # exact, as Salesforce's API
+        {"Stage__c": "open"},
+        "Broker__c.Stage__c: value 'open' is not a value of this restricted picklist",
+    ),
+    "restricted multi": (
+        {"Tags__c": "a;zz"},
+        "Broker__c.Tags__c: value 'zz' is not a value of this restricted picklist",
+    ),
     # Fails at once, never blocked first on a parent that is not linked.
     "and a parent": (
         {"Boss__c": "nobody", "Title__c": "x" * 81},
@@ -320,7 +344,8 @@ async def test_values_that_do_not_fit_are_refused_at_import_and_fail_their_item_
             rec("Broker__c", f"B{i}", **fields)
             for i, (fields, _m) in enumerate(BAD_VALUES.values())
         ]
-        files = {"brokers.json": [rec("Broker__c", "ok", Name="fine"), *records]}
+        ok = rec("Broker__c", "ok", Name="fine", Stage__c="Won", Tags__c="a;c")
+        files = {"brokers.json": [ok, *records]}
         plan = write_project(tmp_path, "v", files, [{"sobject": "Broker__c", "files": [*files]}])
         res = await invoke_async(["events", "import-sfdx-data", str(plan)], env)
         output = " ".join(res.output.split())
@@ -332,7 +357,8 @@ async def test_values_that_do_not_fit_are_refused_at_import_and_fail_their_item_
         assert work_states(engine) == {}
         # Past the importer (events enqueue, another program): each bad item fails alone.
         (pack,) = list_connector_packs(engine)
-        reqs = [record_upsert(pack.install_id, pack.namespace, "Broker__c", "ok", {"Name": "ok"})]
+        good = {"Name": "ok", "Stage__c": "Won", "Tags__c": "a;c"}
+        reqs = [record_upsert(pack.install_id, pack.namespace, "Broker__c", "ok", good)]
         reqs += [
             record_upsert(pack.install_id, pack.namespace, "Broker__c", name.replace(" ", "-"), f)
             for name, (f, _m) in BAD_VALUES.items()
@@ -361,7 +387,8 @@ async def test_values_that_do_not_fit_are_refused_at_import_and_fail_their_item_
             assert message in summaries, summaries
         assert all(r[2] == 1 for r in failed), failed  # at once, never retried
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT Name FROM Broker__c")).scalars().all() == ["ok"]
+            stored = conn.execute(text("SELECT Name, Stage__c, Tags__c FROM Broker__c")).all()
+            assert [tuple(r) for r in stored] == [("ok", "Won", "a;c")]
     finally:
         engine.dispose()
 
