@@ -174,6 +174,64 @@ def _field_problems(where: str, exc: ValidationError) -> list[str]:
     return out
 
 
+def _routing_fields(
+    line: EventLine | None, value: dict[str, Any]
+) -> tuple[str | None, int, dict[str, Any] | None]:
+    """(event kind, route version, payload) of a line for its route and payload checks:
+    from the validated ``line``, else from the raw object where those fields are
+    themselves valid (kind ``None``: no route to check; payload ``None``: no
+    payload to check)."""
+    if line is not None:
+        return line.event_kind, line.route_version, line.payload
+    kind = value.get("event_kind")
+    version = value.get("route_version", 1)
+    payload = value.get("payload")
+    if not isinstance(kind, str) or not 1 <= len(kind) <= 128:
+        kind = None
+    if type(version) is not int or not 1 <= version <= 2**31 - 1:
+        kind, version = None, 1
+    return kind, version, payload if isinstance(payload, dict) else None
+
+
+def _request(
+    line: EventLine,
+    where: str,
+    n: int,
+    installed_pack_id: str,
+    namespace: str,
+    keys: dict[str, tuple[int, str]],
+    problems: list[str],
+) -> EnqueueRequest | None:
+    """The request of a valid line; ``None`` (its problem appended) for an unknown
+    queue class or an idempotency key an earlier line used with other content."""
+    queue_class = normalize_queue_class(line.queue_class)
+    if queue_class not in QUEUE_CLASSES:
+        problems.append(
+            f"{where}: queue_class: {line.queue_class!r} is not a queue class a worker "
+            f"claims (one of {', '.join(QUEUE_CLASSES)})"
+        )
+        return None
+    fields = line.model_dump(exclude={"queue_class"})
+    request = EnqueueRequest(
+        installed_pack_id=installed_pack_id,
+        namespace=namespace,
+        queue_class=queue_class,
+        **fields,
+    )
+    # The same key twice is one event (the second is skipped as a duplicate);
+    # with other content, the second line's event would be lost unseen.
+    content = json.dumps([queue_class, fields], sort_keys=True, default=str)
+    first = keys.setdefault(request.idempotency_key, (n, content))
+    if first[1] != content:
+        problems.append(
+            f"{where}: idempotency_key {request.idempotency_key!r} is also on line "
+            f"{first[0]} with other content: one key is one event, this one would be "
+            "skipped as its duplicate"
+        )
+        return None
+    return request
+
+
 def read_event_file(
     path: Path,
     *,
@@ -193,6 +251,9 @@ def read_event_file(
     an event whose pack has no route for its kind and version is a problem
     too, named at the first line of each (kind, version) with the count of
     the other lines: such an event could only ever fail ``route-not-found``.
+    A line's problems come out together: one with a bad field still has its
+    route and its upsert payload checked, where its kind, version and payload
+    are themselves valid.
     """
     data = read_bounded(path, MAX_FILE_BYTES, "events file")
     problems: list[str] = []
@@ -226,39 +287,20 @@ def read_event_file(
             problems.append(f"{where}: an event must be a JSON object, got {kind_of(value)}")
             continue
         try:
-            line = EventLine.model_validate(value)
+            line: EventLine | None = EventLine.model_validate(value)
         except ValidationError as exc:
             problems += _field_problems(where, exc)
+            line = None
+        # A line with a bad field still has its route and payload checked, so
+        # that its problems come out together, not one round at a time.
+        kind, version, payload = _routing_fields(line, value)
+        if line is not None:
+            request = _request(line, where, n, installed_pack_id, namespace, keys, problems)
+            if request is not None:
+                requests.append(request)
+        if resolver is None or kind is None:
             continue
-        queue_class = normalize_queue_class(line.queue_class)
-        if queue_class not in QUEUE_CLASSES:
-            problems.append(
-                f"{where}: queue_class: {line.queue_class!r} is not a queue class a worker "
-                f"claims (one of {', '.join(QUEUE_CLASSES)})"
-            )
-            continue
-        fields = line.model_dump(exclude={"queue_class"})
-        request = EnqueueRequest(
-            installed_pack_id=installed_pack_id,
-            namespace=namespace,
-            queue_class=queue_class,
-            **fields,
-        )
-        # The same key twice is one event (the second is skipped as a duplicate);
-        # with other content, the second line's event would be lost unseen.
-        content = json.dumps([queue_class, fields], sort_keys=True, default=str)
-        first = keys.setdefault(request.idempotency_key, (n, content))
-        if first[1] != content:
-            problems.append(
-                f"{where}: idempotency_key {request.idempotency_key!r} is also on line "
-                f"{first[0]} with other content: one key is one event, this one would be "
-                "skipped as its duplicate"
-            )
-            continue
-        requests.append(request)
-        route = (request.event_kind, request.route_version)
-        if resolver is None:
-            continue
+        route = (kind, version)
         if route in no_route:
             no_route[route].append(n)
             continue
@@ -272,8 +314,8 @@ def read_event_file(
             routed.add(route)
             if resolved.invocation_mode == "flow" and resolved.flow == "upsert_record":
                 upserts.add(route)
-        if route in upserts:
-            shape = upsert_payload_problem(request.payload)
+        if route in upserts and payload is not None:
+            shape = upsert_payload_problem(payload)
             if shape:
                 problems.append(f"{where}: {shape} (route {route[0]} v{route[1]}: upsert_record)")
     for index, *found in no_route.values():

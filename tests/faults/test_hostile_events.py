@@ -138,6 +138,26 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
         lines(good(1), good(2), good(3, idempotency_key="Account:h1")),
         [":3:", "'Account:h1' is also on line 1 with other content"],
     ),
+    "a line's problems together, not in rounds": (
+        lines(
+            good(1, source_id=1, event_kind="nope.kind"),
+            good(
+                2,
+                idempotency_key=5,
+                payload={"sobject": "Account", "remote_id": "h2", "fields": ["Name"]},
+            ),
+            good(3, queue_class="urgent", event_kind="nope.kind"),
+        ),
+        [
+            ":1: source_id:",
+            ":1: event_kind 'nope.kind' v1",
+            "(and 1 more line(s) of it: 3",
+            ":2: idempotency_key:",
+            ":2: payload.fields must be a JSON object",
+            ":3: queue_class: 'urgent'",
+            "5 problem(s)",
+        ],
+    ),
     "several problems at once": (
         lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),
         [":1:", ":3:", ":4:", "3 problem(s)"],
