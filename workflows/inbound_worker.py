@@ -92,7 +92,13 @@ def worker_workflow_id(config: InboundWorkerConfig) -> str:
     )
 
 
-@workflow.defn(name="InboundWorker")
+# Not sandboxed: the sandbox's work on each activation (its import hooks and
+# restricted proxies, and decoding the claim's leases through them) is paid
+# per batch, two activations a batch. Unsandboxed, the worker's CPU per event
+# fell 7-8 % in back-to-back runs (docs/benchmarks.md). The code stays
+# deterministic (no I/O, clocks or randomness but ``workflow.*``); the replay
+# test guards it, as for IdentityWait.
+@workflow.defn(name="InboundWorker", sandboxed=False)
 class InboundWorkerWorkflow:
     """Port of ``connector_inbound.Worker``: claim, process, wait, repeat.
 
