@@ -61,6 +61,7 @@ from nexuscrm.contracts import (
     FleetInput,
     FleetStatus,
 )
+from nexuscrm.contracts.controlplane_queue import QueueEntry
 from nexuscrm.db import tables as t
 from nexuscrm.db.dialect import index_names
 from nexuscrm.db.engine import make_engine
@@ -68,6 +69,7 @@ from nexuscrm.log import configure_logging
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
 from nexuscrm.settings import Settings
 from nexusctl.cli import app
+from nexusctl.controlplane_queue import build_request
 from nexusctl.temporal import start_controlplane, start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
 
@@ -908,3 +910,18 @@ async def scrape_until(url: str, ready: Callable[[Samples], bool], timeout: floa
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"metrics not ready in {timeout} s: {sorted(samples)[:80]}")
             await asyncio.sleep(0.25)
+
+
+def apply_all_entry(
+    settings: Settings, request_id: str, arg: ApplyAllInput | None = None, **fields: Any
+) -> QueueEntry:
+    """An ApplyAll ``QueueEntry`` of the database's control-plane queue, as the queue
+    entity holds one (child id ``<controlplane workflow id>/ApplyAll/<request id>``);
+    ``fields`` set the rest (state, deadline...)."""
+    return QueueEntry(
+        request_id=request_id,
+        workflow_id=f"{settings.controlplane_workflow_id}/ApplyAll/{request_id}",
+        operation="ApplyAll",
+        request=build_request("ApplyAll", arg or ApplyAllInput(), settings),
+        **fields,
+    )

@@ -35,7 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from nexuscrm import catalog
 from nexuscrm.contracts import ApplyAllInput, ApplyAllResult
-from nexuscrm.contracts.controlplane_queue import ControlPlaneEntityInput, QueueEntry
+from nexuscrm.contracts.controlplane_queue import ControlPlaneEntityInput
 from nexuscrm.controlplane import markers, verify
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
@@ -44,11 +44,12 @@ from nexuscrm.packs.hashing import payload_hash
 from nexuscrm.packs.loader import load_pack_source
 from nexuscrm.settings import Settings
 from nexusctl.cli import controlplane
-from nexusctl.controlplane_queue import build_request, queue_status
+from nexusctl.controlplane_queue import queue_status
 from nexusctl.devserver import reachable
 from nexusctl.worker import build_worker
 from tests.builders import (
     apply_all,
+    apply_all_entry,
     cli_env,
     corpus_project,
     invoke,
@@ -88,12 +89,10 @@ async def queue_without_worker(
 ) -> str:
     """The queue entity started, no worker yet, with an ApplyAll waiting in it (as if
     submitted before the workers went away); the workflow id its child will have."""
-    req = build_request("ApplyAll", arg, settings)
-    entry = QueueEntry(
-        request_id="before",
-        workflow_id=f"{settings.controlplane_workflow_id}/ApplyAll/before",
-        operation="ApplyAll",
-        request=req,
+    entry = apply_all_entry(
+        settings,
+        "before",
+        arg,
         enqueued_at="2026-01-01T00:00:00+00:00",
         deadline="2999-01-01T00:00:00+00:00",
     )

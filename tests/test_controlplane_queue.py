@@ -44,7 +44,7 @@ from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.controlplane_queue import build_request, queue_status, submit
 from nexusctl.worker import build_worker
-from tests.builders import apply_all, cli_env, executions, invoke_async
+from tests.builders import apply_all, apply_all_entry, cli_env, executions, invoke_async
 from workflows.controlplane import CONTROLPLANE_WORKFLOWS
 from workflows.controlplane_queue import QUEUE_WORKFLOWS
 
@@ -511,19 +511,12 @@ async def test_a_caller_whose_turn_came_follows_the_child_or_gives_up_past_its_b
     ``starting`` follows the child once the server has it (a describe, no worker
     needed), and otherwise gives up STARTING_GRACE_S past its own wait bound with
     an error naming the operation and the task queue; it never waits for ever."""
-    from nexuscrm.contracts.controlplane_queue import ControlPlaneTicket, QueueEntry
+    from nexuscrm.contracts.controlplane_queue import ControlPlaneTicket
     from nexusctl import controlplane_queue as cq
 
     monkeypatch.setattr(cq, "STARTING_GRACE_S", 1.0)
     client = temporal_env.client
-    req = build_request("ApplyAll", ApplyAllInput(), settings)
-    lost = QueueEntry(
-        request_id="r-lost",
-        workflow_id=f"controlplane/{settings.database_id}/ApplyAll/r-lost",
-        operation="ApplyAll",
-        request=req,
-        state="starting",
-    )
+    lost = apply_all_entry(settings, "r-lost", state="starting")
     began = time.monotonic()
     with pytest.raises(cq.ControlPlaneQueueTimeout) as raised:
         await cq.wait_turn(client, settings, ControlPlaneTicket(entry=lost), 0.5)
@@ -531,8 +524,7 @@ async def test_a_caller_whose_turn_came_follows_the_child_or_gives_up_past_its_b
     said = str(raised.value)
     assert lost.workflow_id in said and settings.controlplane_task_queue in said, said
 
-    started = QueueEntry(**{**lost.__dict__, "request_id": "r-started"})
-    started.workflow_id = f"controlplane/{settings.database_id}/ApplyAll/r-started"
+    started = apply_all_entry(settings, "r-started", state="starting")
     child = await client.start_workflow(
         "NoWorkerServesThis", id=started.workflow_id, task_queue="nobody-polls"
     )
