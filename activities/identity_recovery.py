@@ -45,7 +45,30 @@ from nexuscrm.log import log
 from nexuscrm.settings import Settings
 
 RECOVERY_RECHECK = timedelta(minutes=5)
-"""How long recovery trusts the server's "this wait runs" before asking again."""
+"""How long recovery trusts the server's "this wait runs" before asking again (at least)."""
+
+RECOVERY_RECHECK_MAX = timedelta(hours=1)
+"""The longest a full list of the running waits is trusted (:func:`recheck_interval`)."""
+
+
+def recheck_interval(youngest_blocked_at: datetime | None, now: datetime) -> timedelta:
+    """How long a full list of the running waits is trusted before the next one: as
+    long as the youngest of the listed waits' rows has been blocked, between
+    :data:`RECOVERY_RECHECK` (5 min) and :data:`RECOVERY_RECHECK_MAX` (1 h).
+
+    A list costs the server a lookup per running wait (10,000 GetNamespace calls
+    on the dev server, about 5 s of its CPU: an idle server's whole budget for
+    minutes, issue 16). Waits parked long and listed again and again are
+    listed less often: 5, 10, 20, 40 minutes, then every hour, while new
+    blocks keep it at 5 minutes. A wait that ends without waking its rows
+    (terminated by hand) is noticed that much later; its rows are still woken
+    by the pass's own recheck of their dependency (a database read) as soon as
+    it resolves. ``now`` and ``youngest_blocked_at``: naive UTC.
+    """
+    if youngest_blocked_at is None:
+        return RECOVERY_RECHECK
+    return min(RECOVERY_RECHECK_MAX, max(RECOVERY_RECHECK, now - youngest_blocked_at))
+
 
 LIST_THRESHOLD = 50
 """Keys from which recovery lists the running waits instead of describing each."""
@@ -241,28 +264,39 @@ class IdentityRecovery:
 
     async def _mark_listed_alive(self, listed: set[str]) -> int:
         """After a full list of the running waits: mark *every* blocked row of a
-        listed wait alive until the recheck, not only the rows whose mark had
-        expired.
+        listed wait alive until the next list (:func:`recheck_interval`), not
+        only the rows whose mark had expired.
 
         Rows block one batch after another, so their marks expire one reconcile
         after another; each expiry of 50 keys or more lists every running wait
         again (10 pages for 10,000 waits, a namespace lookup per listed wait on
         the server: most of the dev server's idle CPU with 10,000 parked, issue
-        16). Marked together, they are listed again together, once per
-        :data:`RECOVERY_RECHECK`. Pages by primary key, as the recheck does.
-        Returns the rows marked.
+        16). Marked together, with one time, they are listed again together.
+        Pages by primary key, as the recheck does. Returns the rows marked.
         """
-        until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
-        marked = 0
+        now = datetime.now(UTC).replace(tzinfo=None)
+        horizon = now + RECOVERY_RECHECK_MAX
+        marks: dict[str, str] = {}
+        youngest: datetime | None = None
         after: tuple[datetime, str] | None = None
         for _page in range(wq.RECOVERY_MAX_PAGES):
             rows = await asyncio.to_thread(
-                functools.partial(wq.list_waitless_blocked, self.engine, after=after, now=until)
+                functools.partial(wq.list_waitless_blocked, self.engine, after=after, now=horizon)
             )
-            marks = {r.work_id: r.key_hash for r in rows if r.key_hash in listed and r.dependency}
-            marked += await asyncio.to_thread(wq.mark_waits_alive, self.engine, marks, until)
+            for r in rows:
+                if r.key_hash in listed and r.dependency:
+                    marks[r.work_id] = r.key_hash
+                    if r.blocked_at is not None and (youngest is None or r.blocked_at > youngest):
+                        youngest = r.blocked_at
             activity.heartbeat()
             after = page_after(rows)
             if after is None:
                 break
+        until = now + recheck_interval(youngest, now)
+        marked = 0
+        ids = list(marks)
+        for i in range(0, len(ids), wq.RECOVERY_PAGE):
+            chunk = {w: marks[w] for w in ids[i : i + wq.RECOVERY_PAGE]}
+            marked += await asyncio.to_thread(wq.mark_waits_alive, self.engine, chunk, until)
+            activity.heartbeat()
         return marked

@@ -533,5 +533,52 @@ async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait
             )
         soon = utcnow() + timedelta(minutes=4)
         assert all(marks[i] > soon for i in ids), sorted(i for i in ids if marks[i] <= soon)
+        # Parked long, listed again and again: trusted as long as the youngest row
+        # has been blocked (here 25 minutes), never past an hour, all at one time.
+        for blocked_ago, expected in ((25, 25), (300, 60)):
+            with engine.begin() as conn:
+                conn.execute(
+                    w.update()
+                    .where(w.c.State == "blocked")
+                    .values(
+                        DependencyBlockedAt=utcnow() - timedelta(minutes=blocked_ago),
+                        DependencyProbeAfter=utcnow() - timedelta(minutes=1),
+                    )
+                )
+            before = utcnow()
+            started = await client.execute_workflow(
+                RecoverOnce.run,
+                settings.database_id,
+                id=f"rec-{uuid.uuid4().hex}",
+                task_queue=queue,
+            )
+            assert started == 0
+            with engine.connect() as conn:
+                marks = dict(
+                    conn.execute(
+                        select(w.c.WorkId, w.c.DependencyProbeAfter).where(w.c.WorkId.in_(ids))
+                    ).all()
+                )
+            assert len(set(marks.values())) == 1, sorted(set(marks.values()))
+            (mark,) = set(marks.values())
+            low = before + timedelta(minutes=expected) - timedelta(seconds=5)
+            assert low <= mark <= utcnow() + timedelta(minutes=expected, seconds=5), (
+                blocked_ago,
+                mark,
+            )
         for h in handles:
             await h.terminate("test over")
+
+
+def test_the_recheck_grows_with_how_long_the_rows_were_parked() -> None:
+    from activities.identity_recovery import (
+        RECOVERY_RECHECK,
+        RECOVERY_RECHECK_MAX,
+        recheck_interval,
+    )
+
+    now = utcnow()
+    assert recheck_interval(None, now) == RECOVERY_RECHECK
+    assert recheck_interval(now, now) == RECOVERY_RECHECK
+    assert recheck_interval(now - timedelta(minutes=17), now) == timedelta(minutes=17)
+    assert recheck_interval(now - timedelta(days=3), now) == RECOVERY_RECHECK_MAX
