@@ -96,6 +96,8 @@ async def test_connectors_bench_smoke(tmp_path: Path) -> None:
         assert run["events"] == 60 and run["events_per_s"] > 0
         assert run["cpu_us_per_event"]["worker"] > 0
     assert "temporal" in written["runs"][0]["cpu_us_per_event"]
+    # the pipeline's time to its first event (the fleet's start) is said apart
+    assert 0 < written["runs"][0]["first_event_s"] <= written["runs"][0]["seconds"]
     assert written["pipeline_over_best_direct"]["sqlite"] > 0
     # read from the worker's /metrics: every event counted, and the claims behind them
     figures = written["runs"][0]["metrics"]
