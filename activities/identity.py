@@ -167,6 +167,8 @@ class IdentityActivities(IdentityRecovery):
         # and the waits that sweep found without blocked items (asked at the next).
         self._last_sweep: dict[str, float] = {}
         self._sweep_candidates: dict[str, set[str]] = {}
+        # Monotonic time of the last full list of the running waits per database.
+        self._last_full_list: dict[str, float] = {}
         # Waits to complete in the background (database id -> key hashes), and
         # the task signalling them (see _close_later).
         self._to_close: dict[str, dict[str, float]] = {}  # key -> monotonic time queued

@@ -486,13 +486,23 @@ def test_batch_load_is_busy_while_a_batch_runs_and_just_after() -> None:
 
 
 async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait(
-    temporal_env, settings
+    temporal_env, settings, monkeypatch
 ):
     """Item 2, without chatter: rows block batch after batch, so their liveness
     marks expire one reconcile after another, and every expiry of 50 keys or
     more listed all running waits again. A recovery that listed them marks
     every blocked row of a listed wait (not only the expired ones), so they
     expire, and are listed, together once per recheck."""
+    from activities import identity_recovery
+
+    lists: list[str] = []
+    real_list = identity_recovery.list_running_waits
+
+    async def counted_list(client: Any, database_id: str) -> set[str] | None:
+        lists.append(database_id)
+        return await real_list(client, database_id)
+
+    monkeypatch.setattr(identity_recovery, "list_running_waits", counted_list)
     engine, deps, owned = await _blocked_deps(settings, "mark", 60)
     client = temporal_env.client
     queue = settings.identity_task_queue
@@ -566,7 +576,31 @@ async def test_a_recovery_that_lists_the_waits_marks_every_row_of_a_running_wait
                 blocked_ago,
                 mark,
             )
-        for h in handles:
+        # The first recovery listed; the next two had the server's count match
+        # the blocked keys (one request) and listed nothing.
+        assert len(lists) == 1, lists
+        # A wait that ended without its rows leaves the count short: the full
+        # list follows, and that key, and only it, gets its wait again.
+        await handles[0].terminate("lost")
+        with engine.begin() as conn:
+            conn.execute(
+                w.update()
+                .where(w.c.State == "blocked")
+                .values(DependencyProbeAfter=utcnow() - timedelta(minutes=1))
+            )
+        for _ in range(100):  # visibility follows the end within about a second
+            if (await client.count_workflows(query)).count < len(deps):
+                break
+            await asyncio.sleep(0.1)
+        started = await client.execute_workflow(
+            RecoverOnce.run, settings.database_id, id=f"rec-{uuid.uuid4().hex}", task_queue=queue
+        )
+        assert (started, len(lists)) == (1, 2)
+        lost_id = wait_workflow_id(settings.database_id, deps[0].key_hash)
+        restarted = client.get_workflow_handle(lost_id)
+        assert (await restarted.describe()).status == WorkflowExecutionStatus.RUNNING
+        await restarted.terminate("test over")
+        for h in handles[1:]:
             await h.terminate("test over")
 
 
