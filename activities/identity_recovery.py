@@ -57,7 +57,7 @@ def recheck_interval(youngest_blocked_at: datetime | None, now: datetime) -> tim
     :data:`RECOVERY_RECHECK` (5 min) and :data:`RECOVERY_RECHECK_MAX` (1 h).
 
     A list costs the server a lookup per running wait (10,000 GetNamespace calls
-    on the dev server, about 5 s of its CPU: an idle server's whole budget for
+    on the dev server, about 4 s of its CPU: an idle server's whole budget for
     minutes, issue 16). Waits parked long and listed again and again are
     listed less often: 5, 10, 20, 40 minutes, then every hour, while new
     blocks keep it at 5 minutes. A wait that ends without waking its rows
@@ -72,6 +72,32 @@ def recheck_interval(youngest_blocked_at: datetime | None, now: datetime) -> tim
 
 LIST_THRESHOLD = 50
 """Keys from which recovery lists the running waits instead of describing each."""
+
+
+class _Census:
+    """The keys rows are blocked on and the server's count of running waits, each
+    read at most once per recovery pass (the sweep and the list share them)."""
+
+    def __init__(self, engine: Engine, client: Client, query: str) -> None:
+        self._engine, self._client, self._query = engine, client, query
+        self._blocked: set[str] | None = None
+        self._count: int | None = None
+
+    async def blocked(self) -> set[str]:
+        """Key hashes with a ``blocked`` row (one database read per pass)."""
+        if self._blocked is None:
+            self._blocked = await asyncio.to_thread(wq.blocked_key_set, self._engine)
+        return self._blocked
+
+    async def count(self) -> int:
+        """The server's count of this database's running waits; ``-1`` when the
+        count failed (one request per pass)."""
+        if self._count is None:
+            try:
+                self._count = (await self._client.count_workflows(self._query)).count
+            except RPCError:
+                self._count = -1
+        return self._count
 
 
 class IdentityRecovery:
@@ -117,7 +143,9 @@ class IdentityRecovery:
         )
         return len(keys)
 
-    async def _sweep_orphan_waits(self, client: Client, database_id: str) -> int:
+    async def _sweep_orphan_waits(
+        self, client: Client, database_id: str, census: _Census | None
+    ) -> int:
         """Ask a probe of each running wait none of whose items has been blocked
         for two sweeps in a row.
 
@@ -137,13 +165,11 @@ class IdentityRecovery:
         if last is not None and now - last < max(1.0, self.config.max_probe_interval_seconds):
             return 0
         self._last_sweep[database_id] = now
-        query = running_waits_query(database_id)
-        if query is None:
+        if census is None:
             return 0
-        blocked = await asyncio.to_thread(wq.blocked_key_set, self.engine)
-        try:
-            count = (await client.count_workflows(query)).count
-        except RPCError:
+        blocked = await census.blocked()
+        count = await census.count()
+        if count < 0:
             return 0
         if count <= len(blocked):
             self._sweep_candidates.pop(database_id, None)
@@ -199,7 +225,9 @@ class IdentityRecovery:
         # written outside this runtime, a wake lost with its batch) goes back
         # to pending here, once per reconcile: the parked waits never poll.
         await self._wake_resolved(client, database_id)
-        await self._sweep_orphan_waits(client, database_id)
+        query = running_waits_query(database_id)
+        census = _Census(self.engine, client, query) if query is not None else None
+        await self._sweep_orphan_waits(client, database_id, census)
         started = 0
         after: tuple[datetime, str] | None = None
         listed: set[str] | None = None  # the server's running waits, listed once per run
@@ -217,7 +245,7 @@ class IdentityRecovery:
             # A wait that runs is never signal-with-started again (issue 16): its
             # rows are only marked so that recovery asks again after the recheck.
             if listed is None and len(groups) >= LIST_THRESHOLD:
-                listed = await self._running_or_counted(client, database_id)
+                listed = await self._running_or_counted(client, database_id, census)
             live = await running_waits(client, database_id, sorted(groups), listed)
             if live:
                 until = datetime.now(UTC).replace(tzinfo=None) + RECOVERY_RECHECK
@@ -263,7 +291,9 @@ class IdentityRecovery:
             log.info("identity waits recovered", waits=started)
         return started
 
-    async def _running_or_counted(self, client: Client, database_id: str) -> set[str]:
+    async def _running_or_counted(
+        self, client: Client, database_id: str, census: _Census | None
+    ) -> set[str]:
         """The key hashes of the running waits: from the server's count when it
         matches the blocked keys exactly, else (and at least once per
         :data:`RECOVERY_RECHECK_MAX` in this process) from a full list.
@@ -278,15 +308,10 @@ class IdentityRecovery:
         """
         now = time.monotonic()
         last = self._last_full_list.get(database_id)
-        query = running_waits_query(database_id)
         fresh = last is not None and now - last < RECOVERY_RECHECK_MAX.total_seconds()
-        if query is not None and fresh:
-            blocked = await asyncio.to_thread(wq.blocked_key_set, self.engine)
-            try:
-                count = (await client.count_workflows(query)).count
-            except RPCError:
-                count = -1
-            if count == len(blocked):
+        if census is not None and fresh:
+            blocked = await census.blocked()
+            if await census.count() == len(blocked):
                 return blocked
         listed = await list_running_waits(client, database_id)
         if listed is not None:

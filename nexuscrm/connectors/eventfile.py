@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from nexuscrm.connectors.flows import upsert_payload_problem
 from nexuscrm.connectors.knobs import QUEUE_CLASSES
@@ -174,21 +174,25 @@ def _field_problems(where: str, exc: ValidationError) -> list[str]:
     return out
 
 
+_KIND = TypeAdapter(EventLine.model_fields["event_kind"].rebuild_annotation())
+_VERSION = TypeAdapter(EventLine.model_fields["route_version"].rebuild_annotation())
+"""``EventLine``'s own types of the two routing fields, for a line that failed validation."""
+
+
 def _routing_fields(
     line: EventLine | None, value: dict[str, Any]
 ) -> tuple[str | None, int, dict[str, Any] | None]:
     """(event kind, route version, payload) of a line for its route and payload checks:
     from the validated ``line``, else from the raw object where those fields are
-    themselves valid (kind ``None``: no route to check; payload ``None``: no
-    payload to check)."""
+    themselves valid by ``EventLine``'s types (kind ``None``: no route to check;
+    payload ``None``: no payload to check)."""
     if line is not None:
         return line.event_kind, line.route_version, line.payload
-    kind = value.get("event_kind")
-    version = value.get("route_version", 1)
     payload = value.get("payload")
-    if not isinstance(kind, str) or not 1 <= len(kind) <= 128:
-        kind = None
-    if type(version) is not int or not 1 <= version <= 2**31 - 1:
+    try:
+        kind = _KIND.validate_python(value.get("event_kind"), strict=True)
+        version = _VERSION.validate_python(value.get("route_version", 1), strict=True)
+    except ValidationError:
         kind, version = None, 1
     return kind, version, payload if isinstance(payload, dict) else None
 
