@@ -30,12 +30,14 @@ from activities.common import (
 from activities.metrics import NexusMetrics
 from nexuscrm.connectors import handoff, knobs, queue, reconcile, serving
 from nexuscrm.connectors.desired import desired_packs
+from nexuscrm.connectors.finishing import BatchOutcome
 from nexuscrm.connectors.lease_keeper import LeaseKeeper
 from nexuscrm.connectors.processor import Processor
 from nexuscrm.contracts import (
     BatchResult,
     ClaimedLease,
     ClaimRequest,
+    InboundWorkerConfig,
     ProcessRequest,
     ReconcileOutcome,
     ReconcileRequest,
@@ -63,6 +65,24 @@ FENCE_CHECK_EVERY_S = 1.0
 def claim_size(batch_size: int) -> int:
     """Items one claim asks for: ``CLAIM_BATCHES`` profile batches, at most ``CLAIM_MAX``."""
     return max(batch_size, min(batch_size * CLAIM_BATCHES, CLAIM_MAX))
+
+
+def claim_spec(c: InboundWorkerConfig, lease_owner: str, claim_key: str = "") -> queue.ClaimSpec:
+    """The claim of one batch for the worker ``c`` (its profile, budget and fence)
+    under ``lease_owner``: the claim local activity's and each further claim of
+    a process stint."""
+    return queue.ClaimSpec(
+        installed_pack_id=c.install_id,
+        queue_classes=c.queue_classes,
+        preferred_queue_classes=c.preferred_queue_classes,
+        batch_size=claim_size(c.batch_size),
+        lease_owner=lease_owner,
+        lease_seconds=c.lease_seconds,
+        max_processing_rows=c.max_processing_rows,
+        generation=c.generation,
+        fencing_token=c.fencing_token,
+        claim_key=claim_key,
+    )
 
 
 class ConnectorActivities:
@@ -150,28 +170,29 @@ class ConnectorActivities:
             return []
         c = req.config
         started = time.monotonic()
-        leases = queue.claim_leases(
-            self.engine,
-            queue.ClaimSpec(
-                installed_pack_id=c.install_id,
-                queue_classes=c.queue_classes,
-                preferred_queue_classes=c.preferred_queue_classes,
-                batch_size=claim_size(c.batch_size),
-                lease_owner=req.lease_owner,
-                lease_seconds=c.lease_seconds,
-                max_processing_rows=c.max_processing_rows,
-                generation=c.generation,
-                fencing_token=c.fencing_token,
-                claim_key=req.claim_key,
-            ),
-        )
+        leases = queue.claim_leases(self.engine, claim_spec(c, req.lease_owner, req.claim_key))
         self.metrics.claimed(c.install_id, time.monotonic() - started, len(leases))
         return [ClaimedLease(work_id, token) for work_id, token in leases]
 
     @activity.defn(name="connectors.process")
     @fatal_is_final
     def process(self, req: ProcessRequest) -> BatchResult:
-        """Load the claimed items and run them, keeping their leases alive meanwhile.
+        """Load the claimed items and run them, keeping their leases alive meanwhile;
+        then, given the worker's ``lease_owner``, claim and run further batches
+        for up to ``NEXUS_CONNECTOR_STINT_SECONDS`` (a stint). Returns the sum of
+        the batches' results.
+
+        A stint ends at an empty claim, once its time is up (checked between
+        batches: a batch started is run to its end), at worker shutdown or
+        cancellation, or when the worker's fence is superseded. Its further
+        claims are the worker's own (:func:`claim_spec`: profile, budget,
+        fence, owner), so the seed's one-batch-at-a-time worker is kept; only
+        the round trips to the server between its batches go (about 100 ms of
+        a 2-core box's wall time each, whatever the batch's size). A stint's
+        blocked waits and wake keys are returned together at its end (the
+        items a parent's link wakes are already ``pending`` then); a stint
+        that fails has every lease its owner still holds handed back by the
+        workflow (``connectors.release`` with the owner).
 
         The leases are extended every third of the lease from the ticker's
         chore thread (:class:`LeaseKeeper` via ``keep_alive``), whatever an item or an
@@ -198,6 +219,8 @@ class ConnectorActivities:
         expect_progress(
             deadline.total_seconds() + keeper.lease_seconds if deadline is not None else None
         )
+        started = time.monotonic()
+        stint = self.settings.connector_stint_seconds if req.lease_owner else 0.0
         items = queue.load_claimed(self.engine, leases, fence)
         fenced = {"at": time.monotonic(), "out": False}
 
@@ -213,20 +236,38 @@ class ConnectorActivities:
                 )
             return bool(fenced["out"])
 
-        with self.load.batch():
-            outcome = self.processor.process(
-                items, on_item=progress, should_stop=lambda: stop_requested() or superseded()
-            )
-        self.metrics.batch_ended(items, outcome)
-        if outcome.released:
-            log.warning("batch cut short; leases handed back", released=outcome.released)
+        def stopping() -> bool:
+            return stop_requested() or superseded()
+
+        total: BatchOutcome | None = None
+        while True:
+            with self.load.batch():
+                outcome = self.processor.process(items, on_item=progress, should_stop=stopping)
+            self.metrics.batch_ended(items, outcome)
+            if total is None:
+                total = outcome
+            else:
+                total.merge(outcome)
+            if outcome.released or time.monotonic() - started >= stint or stopping():
+                break
+            claimed_at = time.monotonic()
+            items = queue.claim(self.engine, claim_spec(c, req.lease_owner))
+            self.metrics.claimed(c.install_id, time.monotonic() - claimed_at, len(items))
+            if not items:
+                break
+            keeper.add([(i.work_id, i.lease_token) for i in items])
+            progress()
+        if total.released:
+            log.warning("batch cut short; leases handed back", released=total.released)
         raise_if_cancelled()  # the finished items are committed, the rest handed back
-        return outcome.result()
+        return total.result()
 
     @activity.defn(name="connectors.release")
     @fatal_is_final
     def release(self, req: ReleaseRequest) -> int:
-        """Hand back the leases of a batch whose process activity failed or timed out.
+        """Hand back the leases of a batch whose process activity failed or timed out
+        (with ``req.lease_owner``: every lease of the pack its worker still holds,
+        the further batches of its stint too).
 
         Only leases still held by exactly these tokens are released
         (``queue.release_leases``: pending again, an ``abandoned`` attempt with
@@ -236,6 +277,10 @@ class ConnectorActivities:
         """
         leases = [(lease.work_id, lease.lease_token) for lease in req.leases]
         items = queue.load_claimed(self.engine, leases)
+        if req.lease_owner:  # and what its stint claimed under the worker's owner id
+            known = {item.work_id for item in items}
+            owned = queue.load_owned(self.engine, req.install_id, req.lease_owner)
+            items += [item for item in owned if item.work_id not in known]
         return len(queue.release_leases(self.engine, items, cause_code=req.cause_code))
 
     @activity.defn(name="connectors.drain_orphan_pools")

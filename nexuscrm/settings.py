@@ -57,6 +57,7 @@ NUMERIC_RANGES: dict[str, NumericRange] = {
     "connector_max_activity_slots": NumericRange(
         "NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS", 1, 10_000, "slots"
     ),
+    "connector_stint_seconds": NumericRange("NEXUS_CONNECTOR_STINT_SECONDS", 0, 60, "seconds"),
     "final_verify_timeout_seconds": NumericRange(
         "NEXUS_FINAL_VERIFY_TIMEOUT_SECONDS", 0, 86_400, "seconds", low_open=True
     ),
@@ -155,6 +156,14 @@ class Settings(BaseSettings):
         when it starts); default 4. See ``nexuscrm.connectors.sizing``.
       connector_max_activity_slots [NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS]: cap on
         a connector worker's inbound-worker slots of each kind; default 128.
+      connector_stint_seconds [NEXUS_CONNECTOR_STINT_SECONDS]: how long one
+        inbound worker's process activity keeps claiming and running further
+        batches after the one it was given (each claim as the worker's own,
+        under its fence; it stops at an empty claim, a superseded fence or
+        shutdown); default 2. Each activity costs round trips to the server
+        (about 100 ms a batch on a 2-core box), so one batch per activity caps
+        a worker near 1,000 events/s. 0: one batch per activity. A worker's
+        ``drain`` waits for the activity in hand, so up to this long.
       log_format [NEXUS_LOG_FORMAT]: ``auto`` (console on a TTY, else JSON), ``console``, ``json``.
       final_verify_command [NEXUS_FINAL_VERIFY_COMMAND]: ApplyAll's final-verify
         hook (the seed's ``ApplyAllFinalVerify``): a command line the worker runs
@@ -186,6 +195,7 @@ class Settings(BaseSettings):
     sticky_queue_timeout_seconds: float = 10.0
     connector_pack_allowance: int = 4
     connector_max_activity_slots: int = 128
+    connector_stint_seconds: float = 2.0
     env: str = "development"
     log_format: str = "auto"
     log_level: str = "INFO"

@@ -1,10 +1,12 @@
 """``InboundWorkerWorkflow``: one worker of a pack's pool (port of ``connector_inbound.Worker``).
 
 Claim a batch (local activity), process it (activity, heartbeating and
-keeping the batch's leases alive), notify identity waits of what it blocked
-or resolved (beside the next claim, patch ``notify-beside-claim``), sleep
-until ``wake`` or the idle timer (backed off while claims come back empty,
-patch ``idle-backoff``), continue-as-new before history grows large.
+keeping the batch's leases alive; under patch ``process-stint`` it claims and
+runs further batches itself for up to ``NEXUS_CONNECTOR_STINT_SECONDS``),
+notify identity waits of what it blocked or resolved (beside the next claim,
+patch ``notify-beside-claim``), sleep until ``wake`` or the idle timer
+(backed off while claims come back empty, patch ``idle-backoff``),
+continue-as-new before history grows large.
 A batch whose process activity failed or timed out (its worker died) has its
 leases handed back at once (``connectors.release``), so a crash costs the
 heartbeat timeout, not the lease. Started as a child by
@@ -65,6 +67,11 @@ IDLE_BACKOFF_PATCH = "idle-backoff"
 """Patch id: each further empty claim doubles the idle timer, from ``idle_seconds`` up
 to ``idle_max_seconds``; a claimed batch or a ``wake`` resets it. The fleet's periodic
 reconcile wakes a pool with claimable work and an idle worker (``backlog-wake``)."""
+
+STINT_PATCH = "process-stint"
+"""Patch id: the process activity gets the worker's lease owner id, so it may claim
+and run further batches itself for up to ``NEXUS_CONNECTOR_STINT_SECONDS`` (fewer
+round trips per event); a failed one has every lease of that owner handed back."""
 
 NOTIFIES_IN_FLIGHT = 2
 """Notifies one worker keeps running beside its claims; the next waits for the oldest."""
@@ -139,7 +146,9 @@ class InboundWorkerWorkflow:
         """Stop claiming; finish the batch in hand and return."""
         self.draining = True
 
-    async def _release(self, leases: list[Any], err: ActivityError) -> None:
+    async def _release(
+        self, leases: list[Any], err: ActivityError, install_id: str = "", owner: str = ""
+    ) -> None:
         """Hand back the leases of a batch whose process activity ended without a result.
 
         The attempt failed or timed out (its worker died: the heartbeat timeout),
@@ -147,14 +156,16 @@ class InboundWorkerWorkflow:
         leases still held by these tokens are released (an item the batch
         finished, or another worker reclaimed, is left alone); each released
         item gets an ``abandoned`` attempt with ``CauseCode`` ``activity-timeout``
-        or ``activity-failed``. A failed release is logged: the leases then
-        expire as before.
+        or ``activity-failed``. With ``owner`` (patch ``process-stint``), every
+        lease of the pack ``install_id`` still held by that owner id goes back
+        too: the further batches the activity claimed. A failed release is
+        logged: the leases then expire as before.
         """
         cause = "activity-timeout" if isinstance(err.cause, ActivityTimeout) else "activity-failed"
         try:
             released = await workflow.execute_activity_method(
                 ConnectorActivities.release,
-                ReleaseRequest(leases, cause),
+                ReleaseRequest(leases, cause, install_id, owner),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
             )
@@ -219,10 +230,12 @@ class InboundWorkerWorkflow:
                 retry_policy=CLAIM_RETRY,
             )
             if leases:
+                # The stint's owner id: blank before STINT_PATCH (one batch per activity).
+                stint_owner = owner if workflow.patched(STINT_PATCH) else ""
                 try:
                     result = await workflow.execute_activity_method(
                         ConnectorActivities.process,
-                        ProcessRequest(config, leases),
+                        ProcessRequest(config, leases, stint_owner),
                         start_to_close_timeout=timedelta(minutes=30),
                         heartbeat_timeout=process_heartbeat_timeout(config),
                         # Never retried with the same leases: if the process died, its
@@ -236,7 +249,7 @@ class InboundWorkerWorkflow:
                     if not isinstance(err.cause, CancelledError) and workflow.patched(
                         RELEASE_PATCH
                     ):
-                        await self._release(leases, err)
+                        await self._release(leases, err, config.install_id, stint_owner)
                     else:
                         workflow.logger.warning("batch abandoned, leases will expire: %s", err)
                 else:

@@ -74,6 +74,21 @@ class BatchOutcome:
         for item in items:
             self.ended[item.work_id] = ("succeeded", "")
 
+    def merge(self, other: BatchOutcome) -> None:
+        """Add a later batch's tally to this one (one process activity that ran
+        several claimed batches returns their sum: counts added, blocked waits
+        and wake keys joined, ``ended`` updated)."""
+        self.succeeded += other.succeeded
+        self.retried += other.retried
+        self.failed += other.failed
+        self.lost += other.lost
+        for cls, n in other.failure_classes.items():
+            self.failure_classes[cls] = self.failure_classes.get(cls, 0) + n
+        self.blocked.extend(other.blocked)
+        self.wake_keys |= other.wake_keys
+        self.released += other.released
+        self.ended.update(other.ended)
+
     def result(self) -> BatchResult:
         """The ``BatchResult`` the process activity returns (``wake_keys`` sorted)."""
         return BatchResult(

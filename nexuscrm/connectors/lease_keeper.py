@@ -54,6 +54,12 @@ class LeaseKeeper:
         self._held = sorted(dict(leases).items())
         self._lock = threading.Lock()
 
+    def add(self, leases: Sequence[tuple[str, str]]) -> None:
+        """Extend ``leases`` too from the next :meth:`tick` on (a further batch the
+        same process activity claimed); kept in ``WorkId`` order."""
+        with self._lock:
+            self._held = sorted({**dict(self._held), **dict(leases)}.items())
+
     @property
     def every_seconds(self) -> float:
         """Seconds between two ticks: a third of the lease (two may fail before it expires)."""

@@ -79,19 +79,33 @@ class ClaimedLease:
 
 @dataclass
 class ProcessRequest:
-    """process activity input: the claimed leases to run."""
+    """process activity input: the claimed leases to run.
+
+    ``lease_owner``: the worker's lease owner id (``<workflow id>/<run id>``),
+    set under patch ``process-stint``: the activity may then claim and run
+    further batches under it for up to ``NEXUS_CONNECTOR_STINT_SECONDS``
+    (blank: this batch only, as before).
+    """
 
     config: InboundWorkerConfig
     leases: list[ClaimedLease]
+    lease_owner: str = ""
 
 
 @dataclass
 class ReleaseRequest:
     """release activity input: the leases of a batch whose process activity ended
-    without a result, and the ``CauseCode`` of the abandoned attempts it records."""
+    without a result, and the ``CauseCode`` of the abandoned attempts it records.
+
+    ``install_id`` and ``lease_owner`` (patch ``process-stint``): also every
+    lease of that pack still held by the worker's owner id, i.e. the further
+    batches the failed activity claimed itself (blank: the listed leases only).
+    """
 
     leases: list[ClaimedLease]
     cause_code: str
+    install_id: str = ""
+    lease_owner: str = ""
 
 
 @dataclass

@@ -58,6 +58,8 @@ def test_every_bad_numeric_setting_is_named_at_once_with_its_value(value: str) -
         ("NEXUS_CONTROLPLANE_QUEUE_WAIT_SECONDS", "1e300"),
         ("NEXUS_IDENTITY_PROBES_PER_SECOND", "inf"),
         ("NEXUS_CONNECTOR_MAX_ACTIVITY_SLOTS", "99999999999"),
+        ("NEXUS_CONNECTOR_STINT_SECONDS", "-1"),
+        ("NEXUS_CONNECTOR_STINT_SECONDS", "nan"),
     ],
 )
 def test_worker_refuses_an_unusable_number_in_one_line(var: str, value: str) -> None:
@@ -77,8 +79,10 @@ def test_numbers_in_range_are_kept() -> None:
         final_verify_timeout_seconds=86_400,
         controlplane_queue_wait_seconds=604_800,
         identity_probes_per_second=0.5,
+        connector_stint_seconds=0,
     )
     assert s.worker_shutdown_seconds == 0 and s.controlplane_queue_wait_seconds == 604_800
+    assert s.connector_stint_seconds == 0
 
 
 async def test_apply_all_with_a_huge_queue_wait_starts_nothing(

@@ -87,6 +87,28 @@ async def processed_by(port: int, labels: dict[str, str]) -> int:
     return int(value(samples, "nexus_events_processed_total", **labels) or 0)
 
 
+async def _pollers(client: Any, task_queue: str, n: int, timeout: float = 60) -> None:
+    """Wait until ``n`` distinct workers poll ``task_queue`` for activities (the
+    server's ``DescribeTaskQueue``)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    )
+    seen: set[str] = set()
+    for _ in range(int(timeout / 0.2)):
+        described = await client.workflow_service.describe_task_queue(request)
+        seen = {p.identity for p in described.pollers}
+        if len(seen) >= n:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{len(seen)} of {n} worker processes poll {task_queue}: {seen}")
+
+
 async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     temporal_env: Any, settings: Any
 ) -> None:
@@ -94,13 +116,17 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     await install(temporal_env, settings, [str(SF_SYNC)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    records, versions = 200, 4
+    records, versions = 1000, 4
     queue.enqueue(engine, account_versions(pack.install_id, pack.namespace, records, versions))
     total = records * versions
     env = {
         **os.environ,
         **cli_env(settings, temporal_env),
         "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        # Short stints: a process activity hands its worker back every 0.2 s, so
+        # the batches of 4,000 events go to both processes (with the default 2 s,
+        # one stint may claim them all before the other process polls).
+        "NEXUS_CONNECTOR_STINT_SECONDS": "0.2",
     }
     ports = [free_port(), free_port()]
     workers = [
@@ -113,6 +139,10 @@ async def test_two_worker_processes_on_one_task_queue_apply_each_event_once(
     ]
     labels = {"pack": "salesforce-sync", "queue_class": "default", "outcome": "succeeded"}
     try:
+        # Both processes poll the connector activity queue (the server's list of its
+        # pollers) before any work, or the first may run them all before the second
+        # starts.
+        await _pollers(temporal_env.client, settings.connector_task_queue, len(workers))
         fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
         w = t.connector_work_item
         done = 0

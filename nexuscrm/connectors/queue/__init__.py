@@ -83,7 +83,7 @@ Modules (import from the package: it re-exports every public name)::
     locking     the enqueue / fence locks, claim_transaction, the SQLite writer guard,
                 write_transaction
     enqueueing  enqueue (sequence ids, companion freezing, validation) and replay
-    claiming    claim, claim_leases, load_claimed
+    claiming    claim, claim_leases, load_claimed, load_owned
     fencing     claim fences: take_fence, check_claim_fence, fence_holds, FenceSuperseded
     scan        the claim's candidate scan (lane heads, target lanes, budget)
     leases      extend_leases, hold_leases, release_leases, finish_*, retry_backoff,
@@ -92,7 +92,7 @@ Modules (import from the package: it re-exports every public name)::
     stats       pack_queue_stats, processing_pressure, stalled_pack
 """
 
-from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed
+from nexuscrm.connectors.queue.claiming import claim, claim_leases, load_claimed, load_owned
 from nexuscrm.connectors.queue.enqueueing import enqueue, replay, superseding_items
 from nexuscrm.connectors.queue.fencing import (
     FENCE_SUPERSEDED_CAUSE,
@@ -248,6 +248,7 @@ __all__ = [
     "list_invalid_blocked",
     "list_waitless_blocked",
     "load_claimed",
+    "load_owned",
     "mark_wait_alive",
     "mark_waits_alive",
     "normalize_queue_class",

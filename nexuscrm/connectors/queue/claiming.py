@@ -546,6 +546,32 @@ def _load_claimed(
     )
 
 
+def load_owned(engine: Engine, installed_pack_id: str, lease_owner: str) -> list[ClaimedItem]:
+    """The items of one pack still leased to ``lease_owner``, in ``WorkId`` order.
+
+    For handing back what a worker's failed or timed-out batch left behind
+    when that batch claimed further items itself (``connectors.process`` runs
+    several claims under the worker's owner id): the pack's ``processing``
+    rows (read by the claim index, ``InstalledPackId, State``) whose
+    ``LeaseOwner`` is the worker's, loaded as :func:`load_claimed` loads them.
+    A blank ``lease_owner`` matches nothing. Read-only.
+    """
+    if not lease_owner:
+        return []
+    with engine.connect() as conn:
+        pairs = conn.execute(
+            select(_w.c.WorkId, _w.c.LeaseToken)
+            .where(
+                _w.c.InstalledPackId == installed_pack_id,
+                _w.c.State == STATE_PROCESSING,
+                _w.c.LeaseOwner == lease_owner,
+                _w.c.LeaseToken.is_not(None),
+            )
+            .order_by(_w.c.WorkId)
+        ).all()
+    return load_claimed(engine, [(w, tok) for w, tok in pairs])
+
+
 def load_claimed(
     engine: Engine, leases: Sequence[tuple[str, str]], fencing_token: str | None = None
 ) -> list[ClaimedItem]:
