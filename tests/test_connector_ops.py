@@ -299,3 +299,41 @@ async def test_connectors_stop_drains_the_pools_a_terminated_fleet_left(
         assert await running_supervisors(client, settings.database_id) == []
         supervisor = client.get_workflow_handle(pool.supervisor_workflow_id)
         assert await supervisor.result() == "drained"
+
+
+async def test_connectors_start_refuses_a_database_that_does_not_exist(
+    temporal_env, settings, tmp_path
+):
+    """An unset or mistyped NEXUS_DATABASE_URL (a SQLite file that does not exist)
+    starts no fleet: exit 1 naming the file, nothing created, nothing on the server."""
+    missing = tmp_path / "typo" / "nexus.db"
+    settings = connector_settings(settings).model_copy(
+        update={"database_url": f"sqlite:///{missing}"}
+    )
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+    res = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "start"], env=env)
+    assert res.exit_code == 1, res.output
+    assert f"no database at {missing} yet" in " ".join(res.output.split()), res.output
+    assert not missing.exists()
+    fleets = temporal_env.client.list_workflows(
+        f"WorkflowType = 'ConnectorFleet' AND TaskQueue = '{settings.connector_task_queue}'"
+    )
+    assert [wf.id async for wf in fleets] == []
+
+
+async def test_connectors_stop_without_a_worker_says_nothing_can_stop_it(temporal_env, settings):
+    """A fleet no worker runs cannot stop: `connectors stop` says that no worker
+    polls its task queue (exit 1), not that it stopped."""
+    settings = connector_settings(settings)  # a task queue no worker ever polled
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+    fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+    try:
+        res = await asyncio.to_thread(
+            CliRunner().invoke, app, ["connectors", "stop", "--timeout", "1"], env=env
+        )
+        out = " ".join(res.output.split())
+        assert res.exit_code == 1, out
+        assert f"no worker polls task queue {settings.connector_task_queue}" in out, out
+        assert "stopped; every pool drained" not in out, out
+    finally:
+        await fleet.terminate("test cleanup")

@@ -35,8 +35,15 @@ connectors_app.command("waits")(waits)
 
 @connectors_app.command("start")
 def connectors_start() -> None:
-    """Start the database's ConnectorFleet (or attach to the running one)."""
+    """Start the database's ConnectorFleet (or attach to the running one). Exit 1
+    when the configured SQLite database does not exist (an unset or mistyped
+    ``NEXUS_DATABASE_URL``): a fleet for it would serve nothing."""
     settings = load_settings()
+    engine = existing_engine(settings)
+    if engine is None:
+        fail(no_database(settings))
+    else:
+        engine.dispose()
 
     async def go() -> str:
         handle = await start_fleet(await connect(settings), settings)
@@ -56,11 +63,13 @@ def connectors_stop(
     --timeout seconds for the pools to end (from the server's list). Pools that
     outlived a fleet that no longer runs (terminated, or lost) are drained too,
     each by its ``drain`` signal, as a fleet's start would. Exit 1 when pools did
-    not end in time (they go on draining); a fleet that does not run, with no
-    pool left, is said and is no error."""
+    not end in time (they go on draining), or when the fleet or its pools did not
+    end and no worker polls the connector task queue (nothing can end them until
+    one runs); a fleet that does not run, with no pool left, is said and is no
+    error."""
     settings = load_settings()
 
-    async def go() -> tuple[bool, list[str], list[str]]:
+    async def go() -> tuple[bool, list[str], list[str], bool]:
         client = await connect(settings)
         handle = client.get_workflow_handle(fleet_workflow_id(settings.database_id))
         try:
@@ -72,10 +81,15 @@ def connectors_stop(
             running = False
         deadline = time.monotonic() + timeout
         orphans: list[str] = []
+        fleet_ended = True  # its run ended (or none ran)
         if running:
             await handle.signal("stop")
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(handle.result(), timeout=max(timeout, 0.1))
+            except TimeoutError:
+                fleet_ended = False
+            except Exception:  # it ended otherwise (failed, terminated): not ours to judge
+                pass
         else:
             orphans = await running_supervisors(client, settings.database_id)
             for wf_id in orphans:
@@ -85,14 +99,17 @@ def connectors_stop(
         while left and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             left = await running_supervisors(client, settings.database_id)
-        return running, orphans, left
+        # Nothing drains without a worker: say so rather than "still draining".
+        stuck = bool(left) or not fleet_ended
+        unserved = stuck and await active_pollers(client, settings.connector_task_queue) == []
+        return running, orphans, left, unserved
 
     try:
-        stopped, orphans, left = asyncio.run(go())
+        stopped, orphans, left, unserved = asyncio.run(go())
     except Exception as exc:
         fail(f"cannot stop the connector fleet: {expected_failure(exc) or exc}")
     fleet_id = fleet_workflow_id(settings.database_id)
-    if stopped and not left:
+    if stopped and not left and not unserved:
         console.print(f"connector fleet {fleet_id} stopped; every pool drained")
     elif not stopped:
         console.print(f"no connector fleet runs for database {settings.database_id} ({fleet_id})")
@@ -102,6 +119,12 @@ def connectors_stop(
                 f"{len(orphans)} pool(s) outlived it and were signalled to drain; "
                 f"{len(ended)} ended: {', '.join(ended) or '-'}"
             )
+    if unserved:
+        fail(
+            f"the fleet and {len(left)} pool(s) were told to stop, but no worker polls "
+            f"task queue {settings.connector_task_queue}: they end once a worker runs "
+            f"(start `nexusctl worker`){': ' + ', '.join(left) if left else ''}"
+        )
     if left:
         fail(
             f"{len(left)} pool(s) still draining after {timeout:g} s (they finish their "
