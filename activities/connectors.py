@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio import activity
 from temporalio.common import MetricMeter
 
@@ -44,6 +45,8 @@ from nexuscrm.contracts import (
     ReleaseRequest,
 )
 from nexuscrm.contracts.visibility import running_supervisors_query
+from nexuscrm.db.dialect import describe_error
+from nexuscrm.errors import NexusError
 from nexuscrm.log import log
 from nexuscrm.settings import Settings
 
@@ -184,7 +187,10 @@ class ConnectorActivities:
 
         A stint ends at an empty claim, once its time is up (checked between
         batches: a batch started is run to its end), at worker shutdown or
-        cancellation, or when the worker's fence is superseded. Its further
+        cancellation, when the worker's fence is superseded, or when its next
+        claim fails (a database error, ``FenceSuperseded``, ``ClaimSchemaMissing``:
+        the batches run are returned, and the worker's own claim meets the
+        error next, to retry it or fail). Its further
         claims are the worker's own (:func:`claim_spec`: profile, budget,
         fence, owner), so the seed's one-batch-at-a-time worker is kept; only
         the round trips to the server between its batches go (about 100 ms of
@@ -251,7 +257,14 @@ class ConnectorActivities:
             if outcome.released or time.monotonic() - started >= stint or stopping():
                 break
             claimed_at = time.monotonic()
-            items = queue.claim(self.engine, claim_spec(c, req.lease_owner))
+            try:
+                items = queue.claim(self.engine, claim_spec(c, req.lease_owner))
+            except (SQLAlchemyError, NexusError) as exc:
+                # The batches run are committed: return them (their waits and wakes
+                # notified); the worker's own claim meets this again, and retries it
+                # or fails the worker (a superseded fence, a missing table).
+                log.warning("stint ended: its next claim failed", error=describe_error(exc))
+                break
             self.metrics.claimed(c.install_id, time.monotonic() - claimed_at, len(items))
             if not items:
                 break

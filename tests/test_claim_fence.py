@@ -402,3 +402,48 @@ async def test_a_new_generation_while_an_old_worker_runs_applies_every_event_onc
         assert second.generation == first.generation + 1
         await fleet.signal("stop")
         await fleet.result()
+
+
+def test_a_stint_whose_next_claim_is_refused_returns_the_batch_it_ran(
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process stint (issue 15) whose next claim meets a superseded fence (a new
+    pool generation took it between two batches) ends there and returns the
+    batch it ran, instead of failing the activity and losing that batch's result
+    (its waits and wakes); the worker's own next claim then fails the worker."""
+    from temporalio.testing import ActivityEnvironment
+
+    import activities.connectors as connector_activities
+    from activities.connectors import ConnectorActivities
+    from nexuscrm.connectors.knobs import ConnectorKnobs
+    from nexuscrm.contracts import ClaimedLease, ProcessRequest
+    from nexuscrm.settings import Settings
+
+    enqueue(engine, 3)
+    (first,) = wq.claim(engine, spec((0, "legacy"), "w", batch=1))
+    taken: list[tuple[int, str]] = []
+
+    def fence_taken_after_the_item() -> None:  # the batch's per-item progress note
+        if not taken:
+            taken.append(fence(engine, "x"))
+
+    monkeypatch.setattr(connector_activities, "progress", fence_taken_after_the_item)
+    acts = ConnectorActivities(engine, Settings(database_url=db_url), ConnectorKnobs())
+    config = InboundWorkerConfig(
+        database_id="db",
+        namespace="sf",
+        install_id=PACK,
+        ordinal=0,
+        queue_classes=[],
+        preferred_queue_classes=[],
+        batch_size=1,
+        max_processing_rows=1000,
+        generation=0,
+        fencing_token="legacy",
+    )
+    request = ProcessRequest(config, [ClaimedLease(first.work_id, first.lease_token)], "w")
+    result = ActivityEnvironment().run(acts.process, request)
+    assert taken, "the batch ran no item"
+    assert result.succeeded + result.retried + result.failed + result.lost == 1, result
+    with pytest.raises(wq.FenceSuperseded):  # what the worker's own claim meets next
+        wq.claim(engine, spec((0, "legacy"), "w"))
