@@ -17,6 +17,7 @@ its bound; once its entry runs (or ran), it watches the child workflow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -44,6 +45,7 @@ from nexuscrm.contracts.controlplane_queue import (
     ControlPlaneTicket,
     QueueEntry,
     RemovePackInput,
+    place,
 )
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
@@ -144,7 +146,29 @@ async def submit(
                 "and start again when it ends"
             ) from exc
         raise NexusError(f"the control-plane queue refused {req.operation}: {cause}") from exc
+    if ticket.ahead and not ticket.coalesced:
+        # The entity answers an update before it applies the other news of the same
+        # workflow task (after a worker restart: the end of the operation "ahead"),
+        # so ask where the entry stands once that task is done.
+        with contextlib.suppress(Exception):  # no answer: keep the update's
+            ticket = current_ticket(await queue_status(client, settings), ticket)
     return ticket
+
+
+def current_ticket(
+    status: ControlPlaneQueueStatus, ticket: ControlPlaneTicket
+) -> ControlPlaneTicket:
+    """``ticket`` as ``status`` (the entity's ``status`` query, asked after the
+    update) places its entry now: running (nothing ahead), queued behind what
+    runs and what waits before it, or already finished. An entry ``status`` no
+    longer shows keeps ``ticket``."""
+    entry = find_entry(status, ticket.entry.request_id)
+    if entry is None:
+        return ticket
+    if entry.state not in ("queued", "starting", "running"):  # it already ended
+        return ControlPlaneTicket(entry, ticket.coalesced, 0, [])
+    position, ahead = place(entry, status.running, status.queued)
+    return ControlPlaneTicket(entry, ticket.coalesced, position, ahead)
 
 
 async def _idle_now(client: Client, settings: Settings) -> bool:

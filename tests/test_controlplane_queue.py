@@ -533,3 +533,34 @@ async def test_a_caller_whose_turn_came_follows_the_child_or_gives_up_past_its_b
         assert entry.state == "running" and entry.workflow_id == started.workflow_id
     finally:
         await child.terminate("test over")
+
+
+def test_a_ticket_is_placed_again_by_the_status_the_entity_gives_after_the_update() -> None:
+    """The entity answers ``submit`` before it applies the rest of the same workflow
+    task: after a worker restart, the end of the operation "ahead" (a new user saw
+    "queued ApplyAll ... behind EnsureIndexes ... (running)" for an operation ended
+    ten minutes before, while the ApplyAll had started). The CLI places the ticket
+    again by the ``status`` it asks next."""
+    from nexuscrm.contracts.controlplane_queue import ControlPlaneQueueStatus, ControlPlaneTicket
+    from nexusctl.controlplane_queue import current_ticket
+    from tests.builders import apply_all_entry
+
+    settings = Settings(database_url="sqlite:///unused.db")
+    old = apply_all_entry(settings, "old", state="running")
+    mine = apply_all_entry(settings, "mine")
+    other = apply_all_entry(settings, "other")
+    stale = ControlPlaneTicket(mine, False, 1, [f"ApplyAll {old.workflow_id} (running)"])
+    db = settings.database_id
+    running_now = apply_all_entry(settings, "mine", state="running")
+    started = current_ticket(ControlPlaneQueueStatus(db, running_now, [], [old]), stale)
+    assert (started.entry.state, started.position, started.ahead) == ("running", 0, [])
+    behind = current_ticket(ControlPlaneQueueStatus(db, old, [other, mine], []), stale)
+    assert (behind.position, behind.ahead) == (
+        2,
+        [f"ApplyAll {old.workflow_id} (running)", f"ApplyAll {other.workflow_id} (queued)"],
+    )
+    done = apply_all_entry(settings, "mine", state="completed")
+    ended = current_ticket(ControlPlaneQueueStatus(db, None, [], [done]), stale)
+    assert (ended.entry.state, ended.ahead) == ("completed", [])
+    gone = current_ticket(ControlPlaneQueueStatus(db, None, [], []), stale)
+    assert gone is stale

@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         RemovePackInput,
         RemovePackRequest,
         bounded_queue_wait,
+        place,
         queue_wait_problem,
         request_size_problem,
     )
@@ -266,16 +267,7 @@ class ControlPlaneEntity:
         return None
 
     def _ticket(self, entry: QueueEntry, coalesced: bool) -> ControlPlaneTicket:
-        ahead = (
-            [f"{self.running.operation} {self.running.workflow_id} (running)"]
-            if (self.running is not None and self.running is not entry)
-            else []
-        )
-        position = 0
-        if entry in self.queued:
-            position = self.queued.index(entry) + 1
-            before = self.queued[: position - 1]
-            ahead += [f"{e.operation} {e.workflow_id} (queued)" for e in before]
+        position, ahead = place(entry, self.running, self.queued)
         return ControlPlaneTicket(entry, coalesced, position, ahead)
 
     def _busy(self) -> str:

@@ -177,6 +177,26 @@ class ControlPlaneTicket:
     ahead: list[str] = field(default_factory=list)
 
 
+def place(
+    entry: QueueEntry, running: QueueEntry | None, queued: list[QueueEntry]
+) -> tuple[int, list[str]]:
+    """Where ``entry`` stands: ``(position, ahead)`` of a :class:`ControlPlaneTicket`,
+    ``position`` 0 unless it waits in ``queued`` (then 1-based), ``ahead`` the
+    ``running`` entry (when it is another) and the entries queued before it, each
+    ``"<operation> <workflow id> (running|queued)"``."""
+    ahead = (
+        [f"{running.operation} {running.workflow_id} (running)"]
+        if running is not None and running is not entry
+        else []
+    )
+    if entry not in queued:
+        return 0, ahead
+    position = queued.index(entry) + 1
+    return position, ahead + [
+        f"{e.operation} {e.workflow_id} (queued)" for e in queued[: position - 1]
+    ]
+
+
 @dataclass
 class ControlPlaneQueueStatus:
     """The ``status`` query: what runs, what waits (in order), the last finished entries."""
