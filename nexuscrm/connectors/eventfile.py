@@ -23,7 +23,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-from nexuscrm.connectors.flows import upsert_payload_problem
+from nexuscrm.catalog import Catalog
+from nexuscrm.connectors.flows import upsert_mapping_problem, upsert_payload_problem
 from nexuscrm.connectors.knobs import QUEUE_CLASSES
 from nexuscrm.connectors.queue import EnqueueRequest, normalize_queue_class
 from nexuscrm.connectors.routes import RouteNotFoundError, RouteResolver
@@ -242,6 +243,7 @@ def read_event_file(
     installed_pack_id: str,
     namespace: str,
     resolver: RouteResolver | None = None,
+    catalog: Catalog | None = None,
 ) -> list[EnqueueRequest]:
     """Every event of the JSON-lines file ``path``, as requests for one pack.
 
@@ -257,14 +259,18 @@ def read_event_file(
     the other lines: such an event could only ever fail ``route-not-found``.
     A line's problems come out together: one with a bad field still has its
     route and its upsert payload checked, where its kind, version and payload
-    are themselves valid.
+    are themselves valid. With ``catalog`` too, an upsert's payload is mapped
+    as the flow maps it (:func:`~nexuscrm.connectors.flows.upsert_mapping_problem`:
+    its object installed, its fields on it, its references lookups, its values
+    fitting), so an event that could only fail is refused with its file.
     """
     data = read_bounded(path, MAX_FILE_BYTES, "events file")
     problems: list[str] = []
     requests: list[EnqueueRequest] = []
     no_route: dict[tuple[str, int], list[int]] = {}  # (kind, version) -> [problem index, lines]
     routed: set[tuple[str, int]] = set()
-    upserts: set[tuple[str, int]] = set()  # routed to the local upsert_record flow
+    # Routed to the local upsert_record flow: (destination object, field map).
+    upserts: dict[tuple[str, int], tuple[str | None, dict[str, str] | None]] = {}
     keys: dict[str, tuple[int, str]] = {}  # idempotency key -> (first line, its content)
     for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{path}:{n}"
@@ -317,9 +323,18 @@ def read_event_file(
                 continue
             routed.add(route)
             if resolved.invocation_mode == "flow" and resolved.flow == "upsert_record":
-                upserts.add(route)
+                upserts[route] = (resolved.destination_object, resolved.field_map)
         if route in upserts and payload is not None:
             shape = upsert_payload_problem(payload)
+            if not shape and catalog is not None:
+                destination, field_map = upserts[route]
+                shape = upsert_mapping_problem(
+                    catalog,
+                    namespace=namespace,
+                    payload=payload,
+                    destination_object=destination,
+                    field_map=field_map,
+                )
             if shape:
                 problems.append(f"{where}: {shape} (route {route[0]} v{route[1]}: upsert_record)")
     for index, *found in no_route.values():

@@ -255,6 +255,39 @@ def upsert_payload_problem(payload: Any) -> str:
     return ""
 
 
+def upsert_mapping_problem(
+    catalog: Catalog,
+    *,
+    namespace: str,
+    payload: dict[str, Any],
+    destination_object: str | None,
+    field_map: dict[str, str] | None,
+) -> str:
+    """What the ``upsert_record`` flow would refuse in ``payload`` whatever the
+    database holds, ``''`` if nothing: no ``sobject`` or ``remote_id``, an object
+    not installed, a field the object lacks, ``references`` naming a field that
+    is not a lookup, a value that does not fit its field (the flow's own
+    mapping, :func:`_prepare`, against ``catalog``; no I/O). Each such event
+    could only fail (``mapping``, ``payload-invalid``, ``value-invalid``), so
+    ``events enqueue`` refuses its file first. The message ends with the class.
+    """
+    try:
+        prepared = _prepare(
+            catalog,
+            owner_key=namespace,
+            namespace=namespace,
+            payload=payload,
+            destination_object=destination_object,
+            field_map=field_map,
+        )
+    except FlowError as exc:
+        return f"{exc} ({exc.failure_class})"
+    error = prepared.error
+    if error is not None and not error.retriable:
+        return f"{error} ({error.failure_class})"
+    return ""
+
+
 def _prepare(
     catalog: Catalog,
     *,

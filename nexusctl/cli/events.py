@@ -87,20 +87,23 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
 
     Keys: event_kind, idempotency_key, source_object, source_id, payload (an
     object), and optionally route_version, queue_class (interactive, default,
-    bulk), target_object, target_remote_id. The whole file is checked first:
-    any problem (listed by line) enqueues nothing. A key already stored is
+    bulk), target_object, target_remote_id. The whole file is checked first,
+    an upsert's payload against the installed objects and fields too: any
+    problem (listed by line) enqueues nothing. A key already stored is
     skipped as a duplicate when its event is the same, and refused (exit 1,
     nothing enqueued) when its content differs: one key is one event. Limits: 64 MiB a file, 1 MiB
     a line, 64 levels of JSON nesting.
     """
     settings = load_settings()
     row = connector_pack(settings, pack)
+    engine = require_engine(settings)
     try:
         requests = read_event_file(
             file,
             installed_pack_id=row.install_id,
             namespace=row.namespace,
-            resolver=RouteResolver(require_engine(settings)),
+            resolver=RouteResolver(engine),
+            catalog=installed_catalog(settings),
         )
     except EventFileError as exc:
         fail(f"events file {file}: {exc}")

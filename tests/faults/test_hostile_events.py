@@ -162,6 +162,27 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
         lines(good(1, source_id=1), good(2), good(3, payload=[]), b"\xff"),
         [":1:", ":3:", ":4:", "3 problem(s)"],
     ),
+    # Payloads the upsert flow could only fail, against the installed catalog (a
+    # new user's trial enqueued each of these, exit 0; each then failed `mapping`).
+    "upserts the installed objects and fields refuse": (
+        lines(
+            good(1),
+            good(2, payload={"sobject": "Acount", "remote_id": "h2", "fields": {"Name": "A"}}),
+            good(3, payload={"sobject": "Account", "fields": {"Name": "B"}}),
+            good(4, payload={"sobject": "Account", "remote_id": "h4", "fields": {"Nmae": "C"}}),
+            good(
+                5,
+                payload={"sobject": "Account", "remote_id": "h5", "references": {"Name": "x"}},
+            ),
+        ),
+        [
+            ":2: destination object Acount is not installed (mapping)",
+            ":3: event payload lacks sobject or remote_id (mapping)",
+            ":4: Account has no field Nmae",
+            ":5: Account.Name: named under references but not a lookup field",
+            "4 problem(s)",
+        ],
+    ),
 }
 
 
