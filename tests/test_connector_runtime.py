@@ -24,6 +24,7 @@ from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
     SF_SYNC,
+    cli_env,
     connector_settings,
     fast_fleet,
     hook_events,
@@ -189,13 +190,7 @@ async def test_worker_process_killed_mid_batch_leases_expire_and_nothing_duplica
     queue.enqueue(engine, events)
     env = {
         **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
+        **cli_env(settings, temporal_env),
     }
     proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
     try:

@@ -44,6 +44,7 @@ from nexusctl.worker import build_connector_worker
 from tests.builders import (
     HookCall,
     HookServer,
+    cli_env,
     connector_settings,
     event,
     fast_fleet,
@@ -219,14 +220,8 @@ async def test_worker_killed_mid_call_costs_the_heartbeat_timeout_not_the_lease(
     hook.delay = 1.0
     env = {
         **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        **cli_env(settings, temporal_env),
         "NEXUSCRM_CONNECTOR_INBOUND_WORKERS_PER_PACK": "2",
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
     }
     proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
     try:

@@ -29,6 +29,7 @@ from tests.builders import (
     SF_SYNC,
     Samples,
     children_and_parents,
+    cli_env,
     connector_settings,
     fast_fleet,
     free_port,
@@ -101,15 +102,9 @@ async def test_worker_serves_sdk_and_nexus_metrics(temporal_env, settings, hook,
     url = f"http://127.0.0.1:{port}/metrics"
     env = {
         **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        **cli_env(settings, temporal_env),
         "NEXUS_METRICS_ADDRESS": f"127.0.0.1:{port}",
         "NEXUSCRM_CONNECTOR_INBOUND_WORKERS_PER_PACK": "2",
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
     }
     proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
     try:

@@ -37,6 +37,7 @@ from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
     HookServer,
+    cli_env,
     connector_settings,
     fast_fleet,
     hook_events,
@@ -119,15 +120,9 @@ async def test_worker_killed_in_a_batch_its_stint_claimed_costs_the_heartbeat_ti
     hook.delay = 1.0
     env = {
         **os.environ,
-        "NEXUS_DATABASE_URL": settings.database_url,
-        "NEXUS_DATABASE_ID": settings.database_id,
-        "NEXUS_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "NEXUS_CONTROLPLANE_TASK_QUEUE": settings.controlplane_task_queue,
-        "NEXUS_CONNECTOR_TASK_QUEUE": settings.connector_task_queue,
+        **cli_env(settings, temporal_env),
         "NEXUS_CONNECTOR_STINT_SECONDS": "60",
         knobs.ENV_WORKERS_PER_PACK: "1",
-        "NEXUS_LOG_FORMAT": "json",
-        "NEXUS_LOG_LEVEL": "WARNING",
     }
     proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
 
