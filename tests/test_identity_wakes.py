@@ -14,16 +14,20 @@ only way out.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
+from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
+from temporalio.worker import Worker
 
 from activities.common import BatchLoad
 from activities.identity import (
@@ -37,11 +41,12 @@ from nexuscrm.connectors import processor
 from nexuscrm.connectors import queue as wq
 from nexuscrm.connectors.identity import Dependency, to_spec, wait_workflow_id
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.contracts import BlockedWait, IdentityWaitConfig, WaitNotifyRequest
+from nexuscrm.contracts import BlockedWait, IdentityWaitConfig, WaitNotifyRequest, WakeResult
 from nexuscrm.contracts.visibility import running_waits_query
 from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+from nexusctl.identity import wake_dependency
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
@@ -54,7 +59,15 @@ from tests.builders import (
     record_upsert,
     wait_drained,
 )
-from tests.identity_waits import NotifyOnce, RecoverOnce, wait_worker
+from tests.identity_waits import (
+    NotifyOnce,
+    RecoverOnce,
+    begin,
+    block,
+    queue_db,
+    states,
+    wait_worker,
+)
 from workflows.identity import IdentityWaitWorkflow
 
 BURSTS = 5
@@ -616,3 +629,49 @@ def test_the_recheck_grows_with_how_long_the_rows_were_parked() -> None:
     assert recheck_interval(now, now) == RECOVERY_RECHECK
     assert recheck_interval(now - timedelta(minutes=17), now) == timedelta(minutes=17)
     assert recheck_interval(now - timedelta(days=3), now) == RECOVERY_RECHECK_MAX
+
+
+async def test_a_wake_now_during_a_signalled_wake_wakes_what_blocked_since(temporal_env, settings):
+    """A ``wake`` signal (a batch's, the closer's) starts the wait's pass; the pass
+    reads the rows; an item blocks again; then ``nexusctl wake`` (the ``wake_now``
+    update) arrives while the pass is still out. It used to be told that pass's
+    count and the new block stayed blocked with no wait (CI, 2026-12-04: a child
+    re-blocked at attempt 12 was never woken). Now the wait runs one more pass
+    for the update. The wake activity is the real one, held after it wrote."""
+    engine = queue_db(settings)
+    dep = Dependency.remote("wn", "wn", "Account", f"a-{uuid.uuid4().hex[:6]}")
+    first = await asyncio.to_thread(block, engine, 1, dep)
+    client = temporal_env.client
+    queue = f"wake-now-{uuid.uuid4().hex[:6]}"
+    config = IdentityWaitConfig(max_wait_seconds=0)
+    acts = IdentityActivities(engine, settings, config, resolver=lambda _e, _d: False)
+    passed = threading.Event()
+
+    @activity.defn(name="identity.wake")
+    def held_wake(key_hash: str) -> WakeResult:
+        res = acts.wake(key_hash)
+        passed.set()
+        time.sleep(1.5)  # the pass is out: its rows are read and written
+        return res
+
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[IdentityWaitWorkflow],
+        activities=[acts.probe, acts.expire, held_wake],
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    async with worker:
+        handle = await begin(client, settings, queue, first, config, dep=dep, probe_now=False)
+        await handle.signal("wake")
+        assert await asyncio.to_thread(passed.wait, 60)
+        later = await asyncio.to_thread(block, engine, 1, dep)
+        woken = await wake_dependency(client, settings, dep)
+        assert {s for s, _f in states(engine, first + later).values()} == {"pending"}
+        assert woken == 2  # the signal's pass and the update's
+        assert await handle.result() == 2
+        # Once the wait has ended, the update fails and the caller wakes the rows.
+        again = await asyncio.to_thread(block, engine, 1, dep)
+        assert await wake_dependency(client, settings, dep) == 1
+        assert {s for s, _f in states(engine, again).values()} == {"pending"}
+    engine.dispose()

@@ -35,7 +35,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.identity import IdentityActivities
@@ -53,6 +53,13 @@ DEPENDENCY_OBJECT_KEY = SearchAttributeKey.for_keyword("NexusDependencyObject")
 
 PARKED_PATCH = "identity-wait-parked"
 """Patch id: a wait probes only when due to expire or asked, not at start and per interval."""
+
+WAKE_NOW_PASS_PATCH = "identity-wake-now-pass"
+"""Patch id: a ``wake_now`` that arrives while the wait wakes runs one more wake pass.
+
+Before it, an update that arrived after the pass had read the rows (woken by a
+``wake`` signal) was told that pass's count, and an item blocked in between
+stayed blocked with nothing waiting for it (seen in CI, 2026-12-04)."""
 
 _RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -100,6 +107,7 @@ class IdentityWaitWorkflow:
         self.registrations = 0
         self.woken = False
         self.wake_claimed = False
+        self.wake_calls = 0
         self.wake_result: int | None = None
         self.probes = inp.probes
         self.state = "starting"
@@ -140,12 +148,36 @@ class IdentityWaitWorkflow:
 
     @workflow.update
     async def wake_now(self) -> int:
-        """``wake``, returning how many items it woke (0 when an earlier wake took them)."""
+        """``wake``, returning how many items it woke (0 when an earlier wake took them).
+
+        Every item blocked when the update is accepted is woken before it
+        returns: one arriving while the wait wakes (a ``wake`` signal came
+        first) has the wait run one more pass after its rows were read.
+        Rejected (:meth:`_wake_now_accepted`) once the wait has woken: the
+        caller wakes the rows itself, as when no wait runs.
+        """
         first = not self.wake_claimed and self.wake_result is None
         self.wake_claimed = True
+        self.wake_calls += 1
         self.woken = True
         await workflow.wait_condition(lambda: self.wake_result is not None)
         return (self.wake_result or 0) if first else 0
+
+    @wake_now.validator
+    def _wake_now_accepted(self) -> None:
+        """Refuse a ``wake_now`` after the wait has woken, expired or emptied.
+
+        Its pass is over: items blocked since then are nobody's but the rows'
+        (their registration starts the next wait), so the caller's direct wake
+        must take them (``nexusctl.identity.wake_dependency``). Raises
+        ``ApplicationError`` (the update is rejected, nothing is recorded).
+        """
+        if self.wake_result is not None:
+            raise ApplicationError(
+                f"identity wait {self.inp.key_hash} is {self.state}: wake its rows directly",
+                type="IdentityWaitDone",
+                non_retryable=True,
+            )
 
     @workflow.query
     def status(self) -> IdentityWaitStatus:
@@ -201,9 +233,11 @@ class IdentityWaitWorkflow:
 
     async def _wake(self) -> int:
         self.state = "waking"
+        again_for_updates = workflow.patched(WAKE_NOW_PASS_PATCH)
         total = 0
         while True:
             seen = self.registrations
+            calls = self.wake_calls
             res = await workflow.execute_local_activity_method(
                 IdentityActivities.wake,
                 self.inp.key_hash,
@@ -217,7 +251,7 @@ class IdentityWaitWorkflow:
                     await fleet.signal("wake", install_id)
                 except Exception as err:  # no fleet: its workers' idle timers claim the items
                     workflow.logger.info("fleet wake skipped: %s", err)
-            if self.registrations == seen:
+            if self.registrations == seen and (not again_for_updates or self.wake_calls == calls):
                 return total
 
     def _park_seconds(self, waiting_due: list[datetime], registered: bool) -> float | None:
