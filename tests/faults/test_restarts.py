@@ -92,7 +92,9 @@ async def test_mariadb_crash_during_inbound_processing(
     await apply_all(temporal_env, settings, app_pack_sources=[str(SF_SYNC)])
     engine = make_engine(settings.database_url)
     (pack,) = list_connector_packs(engine)
-    records, versions = 300, 5
+    # Enough that the crash lands mid-processing: a worker's stint of batches
+    # runs thousands of events a second.
+    records, versions = 800, 5
     events = account_versions(pack.install_id, pack.namespace, records, versions)
     queue.enqueue(engine, events)
     total = len(events)
