@@ -325,6 +325,31 @@ def keep_alive(fn: Callable[[], object], every_seconds: float) -> None:
         ticker.add_chore(_Chore(fn, every_seconds))
 
 
+FATAL_FAILED = "activity failed"
+"""The one warning line of a domain error (:func:`_fatal_failure`)."""
+
+
+def _fatal_failure(exc: BaseException, details: list[Any]) -> ApplicationError:
+    """A domain ``FatalError`` (bad input the operator must fix: a pack's
+    problems, a verify finding, a lost lease) as one warning line and a
+    non-retryable ``ApplicationError`` of category ``BENIGN``: the SDK then
+    logs its traceback at DEBUG only (a missing pack source printed a full
+    ``PackProblems`` traceback in the worker's log). The failure keeps its
+    message, details and cause for the workflow, the Web UI and the CLI."""
+    from nexuscrm.log import log
+
+    name = activity.info().activity_type if activity.in_activity() else ""
+    message = bounded(str(exc))
+    log.warning(FATAL_FAILED, activity=name, error_type=type(exc).__name__, error=message[:300])
+    return ApplicationError(
+        message,
+        *details,
+        type=type(exc).__name__,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
+
+
 def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
     """Run a sync activity shielded and heartbeating; map its errors for Temporal.
 
@@ -359,9 +384,7 @@ def fatal_is_final(fn: Callable[P, R]) -> Callable[P, R]:
             details: list[Any] = []
             if isinstance(exc, VerifyError):
                 details = [[bounded(f, 1000) for f in exc.findings[:MAX_FINDINGS]]]
-            raise ApplicationError(
-                bounded(str(exc)), *details, type=type(exc).__name__, non_retryable=True
-            ) from exc
+            raise _fatal_failure(exc, details) from exc
         except Exception as exc:
             quiet = lock_conflict_failure(exc)
             if quiet is not None:

@@ -758,8 +758,35 @@ class HookServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    async def in_flight(self, keys: list[str] | None = None, timeout: float = 60.0) -> None:
+        """Until a request (of one of the events ``keys``; any without) is in flight.
+
+        Raises ``AssertionError`` naming the calls after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(
+                c.ended is None and (keys is None or c.body["payload"]["key"] in keys)
+                for c in self.calls
+            ):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no call of {keys or 'any key'} in flight: {self.calls}")
+
     def close(self) -> None:
         self.server.shutdown()
+
+
+def abandoned_attempts(engine: Engine) -> list[tuple[str, str, str]]:
+    """Attempts that ended ``abandoned``: (event idempotency key, work id, cause code)."""
+    a, w, e = t.connector_work_attempt, t.connector_work_item, t.connector_event
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(e.c.IdempotencyKey, w.c.WorkId, a.c.CauseCode)
+            .join(w, w.c.WorkId == a.c.WorkId)
+            .join(e, e.c.EventId == w.c.EventId)
+            .where(a.c.OutcomeState == "abandoned")
+        ).all()
+    return [(str(k), str(wid), str(c)) for k, wid, c in rows]
 
 
 # --- shared test bodies ------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import signal
 import subprocess
@@ -132,12 +133,16 @@ async def test_unknown_field_type_fails_and_names_the_file(temporal_env, setting
 
 
 async def test_broken_manifest_and_dependency_cycle_fail_with_names(
-    temporal_env, settings, tmp_path
+    temporal_env, settings, tmp_path, caplog
 ):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad-pack\ncategory: AppPack\nobjects: [\n")
-    message = await expect_failure(temporal_env, settings, [str(bad)])
+    with caplog.at_level(logging.DEBUG):
+        message = await expect_failure(temporal_env, settings, [str(bad)])
     assert "bad.yaml" in message
+    # The operator's mistake is one warning line in the worker's log, no traceback.
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+    assert loud == [], [r.getMessage() for r in loud]
 
     def pack(name: str, dep: str) -> str:
         path = tmp_path / f"{name}.yaml"

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.routes import list_connector_packs
+from nexuscrm.contracts import FleetStatus
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
 from nexusctl.cli import app
@@ -123,6 +124,30 @@ async def test_status_of_a_fleet_no_worker_runs_names_the_task_queue(temporal_en
         assert res.exit_code == 1, res.output
         assert "salesforce-sync" in res.output
         assert f"no worker polls task queue {settings.connector_task_queue}" in res.output
+    finally:
+        await fleet.terminate("test over")
+
+
+async def test_status_right_after_the_worker_stopped_says_so_not_the_transport(
+    temporal_env, settings
+):
+    """The fleet's worker has just stopped: the server still lists its poller
+    (~90 s), so "no worker polls" cannot be said yet, and the status query times
+    out. The error line says what that means, not only ``Timeout expired
+    (CANCELLED)`` (a new user's trial, right after a SIGKILL)."""
+    from nexuscrm.packs.builtin import CONNECTOR_PACKS_DIR
+
+    settings = connector_settings(settings)
+    await install(temporal_env, settings, [str(CONNECTOR_PACKS_DIR / "salesforce-sync")])
+    async with build_connector_worker(temporal_env.client, settings):
+        fleet = await start_fleet(temporal_env.client, settings, fast_fleet(settings))
+        await fleet.query("status", result_type=FleetStatus)
+    env = {**os.environ, **cli_env(settings, temporal_env), "COLUMNS": "400"}
+    try:
+        res = await asyncio.to_thread(CliRunner().invoke, app, ["connectors", "status"], env=env)
+        assert res.exit_code == 1, res.output
+        out = " ".join(res.output.split())
+        assert "no answer in time" in out and "`nexusctl worker` runs" in out, out
     finally:
         await fleet.terminate("test over")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 import yaml
 from rich.console import Console
 from sqlalchemy import select, text
@@ -36,6 +37,7 @@ from nexuscrm.connectors.routes import list_connector_packs
 from nexuscrm.contracts import PhaseReport
 from nexuscrm.db.engine import make_engine
 from nexuscrm.settings import Settings
+from nexusctl.cli.events import report_refused
 from nexusctl.cli.render import clip, phase_table
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker, build_worker
@@ -128,6 +130,39 @@ def test_missing_data_file_refuses_its_records_only(tmp_path: Path) -> None:
         (MISSING_DATA_FILE, "parents.json"),
         (UNRESOLVABLE_REFERENCE, "children.json"),
     ]
+
+
+def test_a_missing_data_file_is_named_with_the_other_problems(tmp_path: Path) -> None:
+    """A truncated file and a missing one: both named at once (the missing one
+    showed only after the JSON was mended, a new user's trial)."""
+    plan = write_project(tmp_path, "a", {}, PLAN)
+    (plan.parent / "children.json").write_text('{"records": [{"attributes": ')
+    with pytest.raises(DataPlanError) as info:
+        import_sfdx_plans([plan], installed_pack_id="p")
+    message = str(info.value)
+    assert "children.json" in message and "parents.json" in message, message
+    assert MISSING_DATA_FILE in message, message
+
+
+def test_refused_count_says_a_missing_file_is_every_record_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = write_project(
+        tmp_path, "a",
+        {"children.json": [rec("Child__c", "C1", Parent__c="@P1"), rec("Child__c", "C2")]},
+        PLAN,
+    )  # fmt: skip
+    result = import_sfdx_plans([plan], installed_pack_id="p")
+    with pytest.raises(typer.Exit):
+        report_refused(result.refused)
+    out = capsys.readouterr()
+    text_out = out.out + out.err
+    assert "1 record(s) and every record of 1 missing data file(s) refused" in text_out, text_out
+    with pytest.raises(typer.Exit):
+        report_refused(result.refused[:1])
+    out = capsys.readouterr()
+    assert "every record of 1 missing data file(s) refused" in out.out + out.err
+    assert "record(s) and" not in out.out + out.err
 
 
 def test_every_corpus_plan_imports_whole() -> None:

@@ -16,7 +16,6 @@ MariaDB, a local HTTP endpoint):
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import signal
@@ -44,6 +43,7 @@ from nexusctl.worker import build_connector_worker
 from tests.builders import (
     HookCall,
     HookServer,
+    abandoned_attempts,
     cli_env,
     connector_settings,
     event,
@@ -229,12 +229,7 @@ async def test_worker_killed_mid_call_costs_the_heartbeat_timeout_not_the_lease(
         inp.lease_seconds = long_lease
         inp.heartbeat_timeout_seconds = heartbeat_s
         fleet = await start_fleet(temporal_env.client, settings, inp)
-        for _ in range(1200):  # until a POST is in flight (the server sleeps 1 s in it)
-            if any(c.ended is None for c in hook.calls):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"no call in flight: {hook.calls}")
+        await hook.in_flight()  # a POST (the server sleeps 1 s in it)
         proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         proc.wait(timeout=30)
@@ -250,11 +245,8 @@ async def test_worker_killed_mid_call_costs_the_heartbeat_timeout_not_the_lease(
         await fleet.result()
     assert states == {"succeeded": count}
     assert done < long_lease / 2, done  # the heartbeat timeout, not the lease
-    a = t.connector_work_attempt
+    released = [(wid, c) for _k, wid, c in abandoned_attempts(engine)]
     with engine.connect() as conn:
-        released = conn.execute(
-            select(a.c.WorkId, a.c.CauseCode).where(a.c.OutcomeState == "abandoned")
-        ).all()
         work_ids = dict(
             conn.execute(
                 select(t.connector_event.c.IdempotencyKey, t.connector_work_item.c.WorkId).join(

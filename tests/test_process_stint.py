@@ -26,17 +26,16 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 from temporalio.client import Client
 
 from nexuscrm.connectors import knobs, queue
 from nexuscrm.connectors.routes import list_connector_packs
-from nexuscrm.db import tables as t
 from nexuscrm.db.engine import make_engine
 from nexusctl.temporal import start_fleet
 from nexusctl.worker import build_connector_worker
 from tests.builders import (
     HookServer,
+    abandoned_attempts,
     cli_env,
     connector_settings,
     fast_fleet,
@@ -125,22 +124,14 @@ async def test_worker_killed_in_a_batch_its_stint_claimed_costs_the_heartbeat_ti
         knobs.ENV_WORKERS_PER_PACK: "1",
     }
     proc = subprocess.Popen([sys.executable, str(ROOT / "worker.py")], env=env, cwd=ROOT)
-
-    async def in_flight(keys: list[str]) -> None:
-        for _ in range(1200):
-            if any(c.ended is None and c.body["payload"]["key"] in keys for c in hook.calls):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no call of {keys} in flight: {hook.calls}")
-
     try:
         inp = fast_fleet(settings)
         inp.lease_seconds = long_lease
         inp.heartbeat_timeout_seconds = heartbeat_s
         fleet = await start_fleet(temporal_env.client, settings, inp)
-        await in_flight(first)  # the batch the workflow claimed is running ...
+        await hook.in_flight(first)  # the batch the workflow claimed is running ...
         queue.enqueue(engine, hook_events(pack.install_id, later))  # ... the stint claims these
-        await in_flight(later)
+        await hook.in_flight(later)
         proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         proc.wait(timeout=30)
@@ -155,14 +146,7 @@ async def test_worker_killed_in_a_batch_its_stint_claimed_costs_the_heartbeat_ti
         await fleet.result()
     assert states == {"succeeded": len(first) + len(later)}
     assert done < long_lease / 2, done  # the heartbeat timeout, not the lease
-    a, w, e = t.connector_work_attempt, t.connector_work_item, t.connector_event
-    with engine.connect() as conn:
-        abandoned = conn.execute(
-            select(e.c.IdempotencyKey, a.c.CauseCode)
-            .join(w, w.c.WorkId == a.c.WorkId)
-            .join(e, e.c.EventId == w.c.EventId)
-            .where(a.c.OutcomeState == "abandoned")
-        ).all()
+    abandoned = [(k, c) for k, _w, c in abandoned_attempts(engine)]
     # Items of the stint's own claim went back with the activity's timeout.
     assert abandoned and {c for _k, c in abandoned} == {"activity-timeout"}, abandoned
     assert {k.removeprefix("hook:") for k, _c in abandoned} <= set(later), abandoned

@@ -429,7 +429,8 @@ def import_sfdx_plans(
     ``referenceId`` used twice, a record whose type (over 128 characters),
     event key (over 191) or remote id (over 128) cannot be stored, a record
     or value over its size limit, and with ``catalog`` an object, field or
-    value the flow would refuse.
+    value the flow would refuse. A missing data file is listed among them
+    too (it refuses records only when nothing else is wrong).
     """
     problems: list[tuple[str, str]] = []
     records: list[_PlanRecord] = []
@@ -534,6 +535,9 @@ def import_sfdx_plans(
             )
         )
     if problems:
+        # Nothing is enqueued: a missing data file is one more thing to fix, named
+        # with the rest (it used to show only after the others were mended).
+        problems.extend((str(r.file), f"{r.failure_class}: {r.reason}") for r in missing)
         raise DataPlanProblems(problems)
     if shuffle:
         random.Random(seed).shuffle(out.events)

@@ -43,10 +43,21 @@ STATE_DIR = Path(".nexus")
 
 def _app_packs(values: list[str] | None) -> list[str] | None:
     """Typer callback: an empty ``--app-pack`` ('' would resolve to the current
-    folder and install it as a pack) is a command-line mistake."""
+    folder and install it as a pack) or a path that does not exist here is a
+    command-line mistake (exit 2), every such value named at once. The worker
+    reads the same resolved path (:func:`sources`); a path missing here used
+    to start ApplyAll, which failed in plan-packs with a traceback in the
+    worker's log."""
+    problems = []
     for value in values or ():
         if not value.strip():
-            raise typer.BadParameter("an app pack source must be a path, got an empty value")
+            problems.append("an app pack source must be a path, got an empty value")
+        elif not Path(value).expanduser().exists():
+            problems.append(
+                f"{value!r}: no such file or directory ({Path(value).expanduser().resolve()})"
+            )
+    if problems:
+        raise typer.BadParameter("; ".join(problems))
     return values
 
 

@@ -16,6 +16,7 @@ from nexuscrm.catalog import Catalog, load_catalog
 from nexuscrm.connectors import queue
 from nexuscrm.connectors.eventfile import EventFileError, read_event_file
 from nexuscrm.connectors.importer import (
+    MISSING_DATA_FILE,
     RefusedRecord,
     import_sfdx_plans,
     project_scope,
@@ -147,11 +148,19 @@ def events_import_sfdx_data(
 
 
 def report_refused(refused: list[RefusedRecord]) -> None:
-    """List the records an import refused (one line each) and exit 1; no-op when none."""
+    """List the records an import refused (one line each) and exit 1; no-op when none.
+
+    A missing data file is one line for every record of it: the count says
+    so (``2 record(s) and every record of 1 missing data file refused``),
+    never "1 record" for a file of many."""
     if not refused:
         return
+    files = sum(1 for r in refused if r.failure_class == MISSING_DATA_FILE)
+    parts = [f"{len(refused) - files} record(s)"] if len(refused) > files else []
+    if files:
+        parts.append(f"every record of {files} missing data file(s)")
     fail(
-        f"{len(refused)} record(s) refused, the rest enqueued:\n  "
+        f"{' and '.join(parts)} refused, the rest enqueued:\n  "
         + "\n  ".join(str(r) for r in refused)
     )
 

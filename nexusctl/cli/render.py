@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import Engine, select
 from sqlalchemy import exc as sa_exc
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from typer.core import TyperGroup
 
 from nexuscrm.contracts import ApplyAllResult, PhaseReport
@@ -151,8 +151,24 @@ def expected_failure(exc: BaseException) -> str | None:
     if isinstance(exc, RuntimeError) and str(exc).startswith("Failed client connect"):
         return f"cannot reach Temporal at {_temporal_address()} (start it with `nexusctl dev`)"
     if isinstance(exc, RPCError):
+        if _unanswered(exc):
+            return (
+                f"Temporal at {_temporal_address()}: no answer in time ({exc.message}, "
+                f"{exc.status.name}): a workflow's query needs a worker to answer it, and a "
+                "worker stopped in the last ~90 s still looks alive to the server; check that "
+                "`nexusctl worker` runs, then run this again"
+            )
         return f"Temporal at {_temporal_address()}: {exc.message} ({exc.status.name})"
     return None
+
+
+def _unanswered(exc: RPCError) -> bool:
+    """A call that ran out of time or lost its stream: what a query to a workflow
+    whose worker was just killed meets (``Timeout expired``, ``CANCELLED``;
+    ``h2 protocol error``), seen by a new user right after a SIGKILL."""
+    return exc.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED) or (
+        "h2 protocol error" in exc.message
+    )
 
 
 def _given_value(exc: Exception, args: Sequence[str]) -> str | None:

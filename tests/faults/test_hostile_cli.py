@@ -98,7 +98,13 @@ def _crashed(res: Any) -> bool:
         (["events", "enqueue"], "Missing argument"),
         (["apply-all", "--policy", "bogus"], "'bogus' is not one of always_apply"),
         (["apply-all", "--app-pack", ""], "--app-pack"),
-        (["apply-all", "--app-pack", "x", "--candidate", "c.yaml"], "not both"),
+        (["apply-all", "--app-pack", ".", "--candidate", "c.yaml"], "not both"),
+        (
+            ["apply-all", "--app-pack", "no-such-pack", "--app-pack", "nor/this"],
+            "'no-such-pack': no such file or directory",
+        ),
+        (["apply-all", "--app-pack", "no-such-pack", "--app-pack", "nor/this"], "'nor/this'"),
+        (["candidate", "write", "--app-pack", "gone"], "'gone': no such file or directory"),
         (["packs", "import-sfdx", ".", "--out", "pack.yaml"], "inside the project being imported"),
     ],
 )
