@@ -408,6 +408,31 @@ async def test_status_before_and_after_apply_all(
     assert "has not completed" not in result.output
 
 
+def test_status_says_when_the_databases_folder_does_not_exist(tmp_path: Path) -> None:
+    """``sqlite:////no/such/dir/x.db``: no "apply-all creates it" (it cannot: SQLite
+    creates the file, not its folder; a new user's trial)."""
+    url = f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}"
+    result = invoke(["status"], {**cli_env(), "NEXUS_DATABASE_URL": url})
+    text = " ".join(result.output.split())
+    assert f"its folder {tmp_path / 'no' / 'such'} does not exist" in text, text
+    assert "creates it" not in text and not (tmp_path / "no").exists()
+
+
+def test_output_to_a_pipe_is_not_folded_at_80_columns(tmp_path: Path) -> None:
+    """Piped (no terminal, no COLUMNS), lines and tables get 200 columns, not rich's
+    80: a new user's piped ``connectors status`` cut ``salesforce-sync`` to
+    ``salesfor…``. The real entry point, as a process."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["NEXUS_DATABASE_URL"] = f"sqlite:///{tmp_path / 'not-yet.db'}"
+    res = subprocess.run(
+        [sys.executable, "-m", "nexusctl.cli", "status"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 80, res.stdout
+    assert lines[0].endswith("creates it)"), res.stdout
+
+
 def test_status_in_a_new_directory_creates_no_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -643,6 +668,20 @@ def test_wrong_mysql_password_is_one_error_line() -> None:
     masked = url.render_as_string(hide_password=True)
     assert lines[0].startswith(f"error: cannot connect to database {masked}: Access denied")
     assert "wrong-password" not in result.output
+
+
+@pytest.mark.mysql
+def test_a_database_name_the_server_refuses_is_one_error_line() -> None:
+    """A trailing space in NEXUS_DATABASE_URL's database name: the server refuses
+    it at connect (ProgrammingError 1102); a new user got a 174-line traceback."""
+    if not MYSQL_URL:
+        pytest.skip("NEXUS_TEST_MYSQL_URL is not set (MariaDB/MySQL tests are off)")
+    url = MYSQL_URL + " "
+    result = invoke(["status"], cli_env() | {"NEXUS_DATABASE_URL": url})
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot connect to database"), lines
+    assert "Incorrect database name" in lines[0] and "Traceback" not in result.output
 
 
 def test_invalid_settings_name_their_variable_and_hide_the_value() -> None:

@@ -724,6 +724,12 @@ def test_plan_validation_catches_conflicts_before_any_pack_is_applied(engine: En
         packs_apply.validate_plan(cat, [beta])
     with pytest.raises(PackError, match=r"(?s)delta-app.*Widget__c.*gamma-app"):
         packs_apply.validate_plan(cat, [gamma, delta])
+    # The head names the pack with the problem, not every pack of the plan.
+    fine = app_pack("epsilon-app", obj="Sprocket__c")
+    with pytest.raises(PackError) as info:
+        packs_apply.validate_plan(cat, [fine, beta])
+    head = str(info.value).split(":", 1)[0]
+    assert "beta-app" in head and "epsilon-app" not in head, str(info.value)
     with engine.connect() as conn:
         assert pack_row(conn, "beta-app") is None  # nothing recorded: the plan is read-only
     assert "Widget__c" not in table_names(engine)

@@ -564,3 +564,44 @@ def test_a_ticket_is_placed_again_by_the_status_the_entity_gives_after_the_updat
     assert (ended.entry.state, ended.ahead) == ("completed", [])
     gone = current_ticket(ControlPlaneQueueStatus(db, None, [], []), stale)
     assert gone is stale
+
+
+async def test_a_request_no_worker_took_is_announced_and_runs_when_one_starts(
+    temporal_env: WorkflowEnvironment, settings: Settings
+) -> None:
+    """The worker has just stopped (the server still lists its poller, so no
+    warning comes before the request is sent); ``run-repair`` waits for a worker
+    to take it. After a few seconds the CLI says so, and that stopping it does
+    not withdraw the request; stopped, the request runs once a worker starts
+    (a new user gave up on such a command, and its RunRepair ran unseen later)."""
+    await apply_all(temporal_env, settings)  # its worker stops when it returns
+    env = {**os.environ, **cli_env(settings, temporal_env)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nexusctl.cli", "run-repair",
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    said = ""
+    try:
+        async with asyncio.timeout(120):
+            while "no worker has taken RunRepair" not in said:
+                line = await proc.stderr.readline()
+                assert line, f"the command ended without the notice: {said}"
+                said += line.decode()
+    finally:
+        proc.terminate()
+        await proc.wait()
+    text = " ".join(said.split())
+    assert "even if this command is stopped" in text and "nexusctl worker" in text, text
+    async with build_worker(temporal_env.client, settings):
+        for _ in range(600):
+            ran = await executions(
+                temporal_env.client,
+                "WorkflowType = 'RunRepair' AND WorkflowId STARTS_WITH "
+                f"'{settings.controlplane_workflow_id}/'",
+            )
+            if ran and all(wf.status is not None and wf.status.name == "COMPLETED" for wf in ran):
+                break
+            await asyncio.sleep(0.1)
+    assert len(ran) == 1 and ran[0].status is not None, ran
+    assert ran[0].status.name == "COMPLETED", ran

@@ -1162,6 +1162,23 @@ def test_native_yaml_null_lists_mean_not_set_and_rules_apply(tmp_path: Path) -> 
     assert load_native(path).objects[0].fields == ()
 
 
+def test_a_restricted_picklist_with_a_value_twice_is_one_problem(tmp_path: Path) -> None:
+    """``Available`` and ``available`` in a restricted picklist: 'listed twice',
+    not also "a restricted picklist needs its picklist_values" (it has them; a
+    new user's trial got both)."""
+    path = tmp_path / "pack.yaml"
+    path.write_text(
+        "name: twice\ncategory: AppPack\nobjects:\n  - api_name: Thing__c\n    fields:\n"
+        "      - {api_name: S__c, type: Picklist, restricted: true,"
+        " picklist_values: [Available, available, Sold]}\n"
+    )
+    with pytest.raises(ManifestError) as exc:
+        load_native(path)
+    text = str(exc.value)
+    assert "'available' listed twice" in text, text
+    assert "needs its picklist_values" not in text, text
+
+
 def test_every_manifest_string_is_bounded_by_its_column() -> None:
     with pytest.raises(ValueError, match="at most 255"):
         ObjectSpec(api_name="A__c", label="x" * 256)

@@ -270,6 +270,8 @@ def upsert_mapping_problem(
     mapping, :func:`_prepare`, against ``catalog``; no I/O). Each such event
     could only fail (``mapping``, ``payload-invalid``, ``value-invalid``), so
     ``events enqueue`` refuses its file first. The message ends with the class.
+    Where the flow stops at a field, every field it would refuse is named
+    (:func:`field_problems`), not only the first (a new user's trial).
     """
     try:
         prepared = _prepare(
@@ -281,11 +283,32 @@ def upsert_mapping_problem(
             field_map=field_map,
         )
     except FlowError as exc:
-        return f"{exc} ({exc.failure_class})"
+        return _with_other_fields(catalog, exc, payload, destination_object, field_map)
     error = prepared.error
     if error is not None and not error.retriable:
-        return f"{error} ({error.failure_class})"
+        return _with_other_fields(catalog, error, payload, destination_object, field_map)
     return ""
+
+
+def _with_other_fields(
+    catalog: Catalog,
+    error: FlowError,
+    payload: dict[str, Any],
+    destination_object: str | None,
+    field_map: dict[str, str] | None,
+) -> str:
+    """``error`` and its class, followed by the payload's other field problems."""
+    first = f"{error} ({error.failure_class})"
+    fields = payload.get("fields")
+    if error.failure_class == PAYLOAD_INVALID or not isinstance(fields, dict):
+        return first
+    sobject = str(destination_object or payload.get("sobject") or "")
+    others = field_problems(
+        catalog, sobject, fields, destination_object=destination_object, field_map=field_map
+    )
+    if len(others) <= 1:
+        return first
+    return f"{len(others)} field problem(s): {'; '.join(others)} ({error.failure_class})"
 
 
 def _prepare(

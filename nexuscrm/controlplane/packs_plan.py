@@ -319,5 +319,22 @@ def validate_plan(cat: catalog.Catalog, packs: Sequence[PackManifest]) -> None:
     """Raise ``PackProblems`` (every problem, grouped by file) unless the plan applies."""
     problems = plan_problems(cat, packs)
     if problems:
-        names = ", ".join(dict.fromkeys(p.name for p in packs if p.category.rank >= 4)) or "plan"
-        raise PackProblems(names, problems)
+        raise PackProblems(_packs_with(packs, problems), problems)
+
+
+def _packs_with(packs: Sequence[PackManifest], problems: list[Problem]) -> str:
+    """The names of the packs a problem names a file of (its source, a file under
+    it, or ``pack <name>``), for the error's head; every app pack of the plan when
+    none matches. It used to list every pack of the plan, the faulty one among a
+    dozen (a new user's trial)."""
+    files = {p.file for p in problems}
+
+    def named(pack: PackManifest) -> bool:
+        src = pack.source.rstrip("/")
+        if f"pack {pack.name}" in files or pack.name in files:
+            return True
+        return bool(src) and any(f == src or f.startswith(src + "/") for f in files)
+
+    hit = [p.name for p in packs if named(p)]
+    apps = [p.name for p in packs if p.category.rank >= 4]
+    return ", ".join(dict.fromkeys(hit or apps)) or "plan"

@@ -373,7 +373,9 @@ class FieldSpec(BaseModel):
             return v
         if t not in (FieldType.Picklist, FieldType.MultiselectPicklist):
             raise ValueError(f"a {t} field cannot be restricted (only a picklist is)")
-        if not info.data.get("picklist_values"):
+        if "picklist_values" not in info.data:
+            return v  # its values failed validation: that problem is reported, not this one
+        if not info.data["picklist_values"]:
             raise ValueError("a restricted picklist needs its picklist_values")
         return v
 

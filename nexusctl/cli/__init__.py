@@ -19,7 +19,7 @@ import typer
 
 from nexusctl.cli import candidate, connectors, controlplane, dev, events, formulas, packs, wakes
 from nexusctl.cli.common import safe_url
-from nexusctl.cli.render import NexusGroup, expected_failure, phase_table
+from nexusctl.cli.render import NexusGroup, console, err_console, expected_failure, phase_table
 
 __all__ = ["NexusGroup", "app", "expected_failure", "main", "phase_table", "safe_url"]
 
@@ -36,6 +36,21 @@ app.add_typer(candidate.candidate_app, name="candidate")
 app.add_typer(formulas.formulas_app, name="formulas")
 
 
+PIPE_WIDTH = 200
+"""Columns of a table written to a pipe or file (``COLUMNS`` wins when set)."""
+
+
+def widen_for_pipes() -> None:
+    """Output that is not a terminal gets :data:`PIPE_WIDTH` columns, not rich's 80:
+    piped or logged tables kept cells like ``salesfor…`` cut (a new user's trial).
+    A terminal keeps its own width; ``COLUMNS`` set keeps that."""
+    if "COLUMNS" in os.environ:
+        return
+    for con in (console, err_console, wakes.console):
+        if not con.is_terminal:
+            con.width = PIPE_WIDTH
+
+
 def main() -> None:
     """Console-script entry point (``nexusctl = "nexusctl.cli:main"``).
 
@@ -49,6 +64,7 @@ def main() -> None:
     ("PyGILState_Release ... Python runtime state: finalizing",
     temporalio/sdk-python#300), which would turn a success into a SIGABRT.
     """
+    widen_for_pipes()
     try:
         app(prog_name="nexusctl")
         code: object = 0

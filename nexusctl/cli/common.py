@@ -152,11 +152,17 @@ def existing_engine(settings: Settings) -> Engine | None:
 
 
 def no_database(settings: Settings) -> str:
-    """The message for a SQLite database file that does not exist yet."""
-    return (
-        f"no database at {_sqlite_path(settings)} yet "
-        "(`nexusctl demo` or `nexusctl apply-all` creates it)"
-    )
+    """The message for a SQLite database file that does not exist yet (and, when
+    its folder does not exist either, that nothing can create it there)."""
+    path = _sqlite_path(settings)
+    folder = path.expanduser().parent if path is not None else None
+    # The default folder (.nexus) is made by the commands that create the database.
+    if folder is not None and folder not in (Path(""), STATE_DIR) and not folder.exists():
+        return (
+            f"no database at {path}, and its folder {folder} does not exist: check "
+            "NEXUS_DATABASE_URL (SQLite creates the file, not its folder)"
+        )
+    return f"no database at {path} yet (`nexusctl demo` or `nexusctl apply-all` creates it)"
 
 
 def check_database(settings: Settings) -> None:

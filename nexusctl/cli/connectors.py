@@ -128,7 +128,9 @@ def connectors_stop(
     if left:
         fail(
             f"{len(left)} pool(s) still draining after {timeout:g} s (they finish their "
-            f"batches and end): {', '.join(left)}"
+            f"batches and end; only a running `nexusctl worker` on task queue "
+            f"{settings.connector_task_queue} can drain them, and a worker stopped in the "
+            f"last ~90 s still looks alive to the server): {', '.join(left)}"
         )
 
 

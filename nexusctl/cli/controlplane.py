@@ -96,15 +96,22 @@ def _start_worker_hint(settings: Settings) -> str:
     )
 
 
+SUBMIT_NOTICE_S = 5.0
+"""Seconds a request may wait for a worker to take it before the CLI says so."""
+
+
 async def _warn_if_no_worker(
     client: Client, settings: Settings, task_queue: str, what: str
-) -> None:
+) -> bool:
+    """Warn when no worker polls ``task_queue``; returns whether it warned."""
     pollers = await active_pollers(client, task_queue, wait_s=2.0)
     if pollers == []:
         warn(
             f"no worker is polling task queue {task_queue}, so {what} waits until one does: "
             + _start_worker_hint(settings)
         )
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------
@@ -187,12 +194,26 @@ async def run_operation(
     """
     client = await connect(settings)
     task_queue = settings.controlplane_task_queue
+    warned = own_worker
     if not own_worker:
         # The request is answered by a worker: say so before waiting for one.
-        await _warn_if_no_worker(client, settings, task_queue, f"{workflow} on the database")
+        warned = await _warn_if_no_worker(
+            client, settings, task_queue, f"{workflow} on the database"
+        )
     req = build_request(workflow, arg, settings, no_queue=no_queue, coalesce=attach)
+    sending = asyncio.ensure_future(submit(client, settings, req))
+    await asyncio.wait({sending}, timeout=SUBMIT_NOTICE_S)
+    if not sending.done() and not warned:
+        # A worker that just stopped still looks alive to the server for ~90 s, so
+        # no warning came above; and the request is not withdrawn when this command
+        # is stopped (seen by a new user: a RunRepair given up on ran later).
+        warn(
+            f"no worker has taken {workflow} on the database yet (task queue {task_queue}); "
+            "the server holds the request and it runs when a worker starts, even if this "
+            "command is stopped: " + _start_worker_hint(settings)
+        )
     try:
-        ticket = await submit(client, settings, req)
+        ticket = await sending
     except ControlPlaneBusyError as exc:
         fail(str(exc))
     RUN.workflow, RUN.workflow_id = workflow, ticket.entry.workflow_id

@@ -26,7 +26,7 @@ from nexuscrm.connectors.routes import ConnectorPackRow, RouteResolver, list_con
 from nexuscrm.errors import NexusError
 from nexuscrm.settings import Settings
 from nexusctl.cli.common import load_settings, open_engine
-from nexusctl.cli.render import console, err_console, fail, require_engine
+from nexusctl.cli.render import console, err_console, fail, fail_lines, require_engine
 from nexusctl.temporal import connect, signal_fleet
 
 events_app = typer.Typer(help="Inbound connector events.", no_args_is_help=True)
@@ -107,7 +107,10 @@ def events_enqueue(file: Path, pack: PackName = "salesforce-sync") -> None:
             catalog=installed_catalog(settings),
         )
     except EventFileError as exc:
-        fail(f"events file {file}: {exc}")
+        fail_lines(
+            f"events file {file}: {len(exc.problems)} problem(s); nothing was enqueued",
+            exc.problems,
+        )
     _enqueue(settings, requests, row.install_id, f"events file {file}")
 
 
@@ -159,9 +162,8 @@ def report_refused(refused: list[RefusedRecord]) -> None:
     parts = [f"{len(refused) - files} record(s)"] if len(refused) > files else []
     if files:
         parts.append(f"every record of {files} missing data file(s)")
-    fail(
-        f"{' and '.join(parts)} refused, the rest enqueued:\n  "
-        + "\n  ".join(str(r) for r in refused)
+    fail_lines(
+        f"{' and '.join(parts)} refused, the rest enqueued:", [str(r) for r in refused], shown=50
     )
 
 

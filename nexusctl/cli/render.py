@@ -58,6 +58,18 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+def fail_lines(head: str, lines: list[str], shown: int = 20) -> NoReturn:
+    """Print ``error: <head>`` and then one indented line per item of ``lines``
+    (the first ``shown``, then how many more) on stderr, and exit 1: every
+    problem readable on its own line, not folded into one (a new user's trial)."""
+    err_console.print(f"[red]error:[/red] {escape(one_line(head))}", soft_wrap=True)
+    for line in lines[:shown]:
+        err_console.print("  " + escape(one_line(line)), soft_wrap=True, highlight=False)
+    if len(lines) > shown:
+        err_console.print(f"  ... and {len(lines) - shown} more", soft_wrap=True)
+    raise typer.Exit(1)
+
+
 def print_problems(problems: list[Problem]) -> NoReturn:
     """Every problem grouped by file on stderr (``error: N problem(s) in M
     file(s)``, then :func:`format_problems`), then exit 1."""
@@ -138,7 +150,12 @@ def expected_failure(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, pydantic.ValidationError) and exc.title == Settings.__name__:
         return _settings_message(exc)
-    if isinstance(exc, sa_exc.OperationalError):
+    # A database the server refuses at connect (a name it rejects, e.g. with a
+    # trailing space in NEXUS_DATABASE_URL: ProgrammingError 1102) is a setting
+    # to fix, not a bug.
+    if isinstance(exc, sa_exc.OperationalError) or (
+        isinstance(exc, sa_exc.DBAPIError) and exc.statement is None
+    ):
         url = safe_url(_database_url())
         if exc.statement is None:
             return f"cannot connect to database {url}: {_driver_message(exc)}"
@@ -177,6 +194,8 @@ def _given_value(exc: Exception, args: Sequence[str]) -> str | None:
     param = getattr(exc, "param", None)
     if getattr(param, "param_type_name", None) != "option":
         return None
+    if getattr(param, "multiple", False):
+        return None  # a repeated option: its callback names the values it refuses
     found = None
     for i, arg in enumerate(args):
         for opt in getattr(param, "opts", ()):

@@ -123,6 +123,17 @@ async def test_command_line_mistakes_are_one_error_line_with_exit_2(
     assert not _crashed(res)
 
 
+async def test_a_bad_repeated_option_names_the_bad_value_only(settings: Any) -> None:
+    """``--app-pack gone --app-pack .``: the error names 'gone', never the good
+    value beside it as "got '.'" (a new user's trial quoted the good path)."""
+    res = await invoke_async(
+        ["apply-all", "--app-pack", "gone", "--app-pack", "."], cli_env(settings)
+    )
+    assert res.exit_code == 2, res.output
+    assert "'gone': no such file or directory" in res.output, res.output
+    assert "got" not in res.output, res.output
+
+
 async def test_removing_a_pack_never_installed_is_refused_before_the_queue(
     temporal_env: Any, settings: Any
 ) -> None:

@@ -174,13 +174,24 @@ ENQUEUE_CASES: dict[str, tuple[bytes, list[str]]] = {
                 5,
                 payload={"sobject": "Account", "remote_id": "h5", "references": {"Name": "x"}},
             ),
+            # Every field the flow would refuse, not only the first.
+            good(
+                6,
+                payload={
+                    "sobject": "Account",
+                    "remote_id": "h6",
+                    "fields": {"Name": "D", "Phone": "9" * 41, "Nmae": "x"},
+                },
+            ),
         ),
         [
             ":2: destination object Acount is not installed (mapping)",
             ":3: event payload lacks sobject or remote_id (mapping)",
             ":4: Account has no field Nmae",
             ":5: Account.Name: named under references but not a lookup field",
-            "4 problem(s)",
+            ":6: 2 field problem(s): field Phone: value ",
+            "; field Nmae: Account has no field Nmae",
+            "5 problem(s)",
         ],
     ),
 }
