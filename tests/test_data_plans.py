@@ -118,13 +118,18 @@ def test_data_file_errors_say_data_file(tmp_path: Path) -> None:
     assert "pack" not in message, message
 
 
-def test_missing_data_file_refuses_its_records_only(tmp_path: Path) -> None:
-    plan = write_project(
+def _parents_missing(tmp_path: Path) -> Path:
+    """A plan whose parents.json does not exist; children.json has C1 (a child of
+    P1) and C2."""
+    return write_project(
         tmp_path, "a",
         {"children.json": [rec("Child__c", "C1", Parent__c="@P1"), rec("Child__c", "C2")]},
         PLAN,
     )  # fmt: skip
-    result = import_sfdx_plans([plan], installed_pack_id="p")
+
+
+def test_missing_data_file_refuses_its_records_only(tmp_path: Path) -> None:
+    result = import_sfdx_plans([_parents_missing(tmp_path)], installed_pack_id="p")
     assert [e.source_id for e in result.events] == ["C2"]
     assert [(r.failure_class, r.file.name) for r in result.refused] == [
         (MISSING_DATA_FILE, "parents.json"),
@@ -147,12 +152,7 @@ def test_a_missing_data_file_is_named_with_the_other_problems(tmp_path: Path) ->
 def test_refused_count_says_a_missing_file_is_every_record_of_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plan = write_project(
-        tmp_path, "a",
-        {"children.json": [rec("Child__c", "C1", Parent__c="@P1"), rec("Child__c", "C2")]},
-        PLAN,
-    )  # fmt: skip
-    result = import_sfdx_plans([plan], installed_pack_id="p")
+    result = import_sfdx_plans([_parents_missing(tmp_path)], installed_pack_id="p")
     with pytest.raises(typer.Exit):
         report_refused(result.refused)
     out = capsys.readouterr()
