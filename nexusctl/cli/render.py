@@ -61,7 +61,10 @@ def fail(message: str) -> NoReturn:
 def fail_lines(head: str, lines: list[str], shown: int = 20) -> NoReturn:
     """Print ``error: <head>`` and then one indented line per item of ``lines``
     (the first ``shown``, then how many more) on stderr, and exit 1: every
-    problem readable on its own line, not folded into one (a new user's trial)."""
+    problem readable on its own line, not folded into one (a new user's trial).
+    One problem stays one ``error:`` line, as every other expected failure."""
+    if len(lines) == 1:
+        fail(f"{head} {lines[0]}")
     err_console.print(f"[red]error:[/red] {escape(one_line(head))}", soft_wrap=True)
     for line in lines[:shown]:
         err_console.print("  " + escape(one_line(line)), soft_wrap=True, highlight=False)
